@@ -1,0 +1,32 @@
+"""The jitted sampler: pure JAX, imports neither tunix nor sgl_jax.
+
+`sample(logits, batch, config)` runs one decode step; `SamplingOptions` is the user-facing,
+validated description of one request's settings; `make_batch` and `config_for` turn rows of
+options into the sampler's per-row arrays and static config.
+"""
+
+from sgl_jax_rollout.sampling.batch import (
+    NO_TOKEN,
+    SamplerConfig,
+    SamplerOutput,
+    SamplingBatch,
+    config_for,
+    make_batch,
+    pad_token_ids,
+    row_key,
+)
+from sgl_jax_rollout.sampling.options import SamplingOptions
+from sgl_jax_rollout.sampling.sampler import sample
+
+__all__ = [
+    "NO_TOKEN",
+    "SamplerConfig",
+    "SamplerOutput",
+    "SamplingBatch",
+    "SamplingOptions",
+    "config_for",
+    "make_batch",
+    "pad_token_ids",
+    "row_key",
+    "sample",
+]

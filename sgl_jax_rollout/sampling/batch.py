@@ -1,0 +1,211 @@
+"""What one sampler call takes and returns, and how a batch is built from options.
+
+Owns three types:
+- `SamplerConfig`: the static modes (hashable; one compile per config, batch bucket and vocab).
+- `SamplingBatch`: per-row settings as arrays, so changing them never recompiles.
+- `SamplerOutput`: next tokens and, per config, their logprob, entropy and top logprobs.
+and `make_batch`, which turns per-row `SamplingOptions` into a `SamplingBatch`.
+
+Must not import tunix or sgl_jax.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float, Int, UInt32
+
+from sgl_jax_rollout.sampling.options import ENTROPY_SOURCES, LOGPROBS_MODES, SamplingOptions
+
+# Padding value of the token-id arrays (prompt, output, stop ids): ignored by the sampler.
+NO_TOKEN = -1
+DEFAULT_CANDIDATES = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplerConfig:
+    """Static modes of the sampler: changing one compiles a new step.
+
+    penalties: apply repetition / frequency / presence penalties and min_new_tokens (needs the
+        token-id arrays of the batch). Off, those settings must be neutral.
+    return_logprob / logprobs_mode: the sampled token's logprob, "processed" or "raw".
+    return_entropy / entropy_source / entropy_top_k: per-token entropy (DESIGN.md section 3).
+    top_logprobs: how many top tokens to return with logprobs (0 = none).
+    candidates: size of the bounded candidate set taken with `lax.top_k`; rows whose kept set
+        fits in it never touch the full vocabulary again. Larger rows fall back to an exact
+        threshold search.
+    valid_vocab_size: ids at or beyond it (padding of the model's vocabulary) are masked.
+    """
+
+    penalties: bool = True
+    return_logprob: bool = True
+    logprobs_mode: str = "processed"
+    return_entropy: bool = True
+    entropy_source: str = "raw"
+    entropy_top_k: int = 0
+    top_logprobs: int = 0
+    candidates: int = DEFAULT_CANDIDATES
+    valid_vocab_size: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(
+                f"logprobs_mode must be one of {list(LOGPROBS_MODES)}, got {self.logprobs_mode!r}"
+            )
+        if self.entropy_source not in ENTROPY_SOURCES:
+            raise ValueError(
+                f"entropy_source must be one of {list(ENTROPY_SOURCES)}, "
+                f"got {self.entropy_source!r}"
+            )
+        if self.entropy_top_k < 0:
+            raise ValueError(f"entropy_top_k must be >= 0, got {self.entropy_top_k}")
+        if self.top_logprobs < 0:
+            raise ValueError(f"top_logprobs must be >= 0, got {self.top_logprobs}")
+        if self.candidates < 1:
+            raise ValueError(f"candidates must be >= 1, got {self.candidates}")
+
+    def candidate_count(self, vocab_size: int) -> int:
+        """Entries taken by `lax.top_k`: the candidates plus one sentinel to prove exactness."""
+        wanted = max(self.candidates, self.entropy_top_k, self.top_logprobs) + 1
+        return min(wanted, vocab_size)
+
+    def check_vocab(self, vocab_size: int) -> None:
+        if self.entropy_top_k > vocab_size:
+            raise ValueError(
+                f"entropy_top_k must be in [0, {vocab_size}] (the vocabulary size), "
+                f"got {self.entropy_top_k}"
+            )
+        if self.valid_vocab_size is not None and not 0 < self.valid_vocab_size <= vocab_size:
+            raise ValueError(
+                f"valid_vocab_size must be in [1, {vocab_size}], got {self.valid_vocab_size}"
+            )
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class SamplingBatch:
+    """Per-row settings of one sampler call; every field has the batch as first axis.
+
+    top_k <= 0 disables top-k; temperature 0 marks a greedy row. `keys` are raw threefry key
+    data, one key per row. Token-id arrays are padded with `NO_TOKEN`; they may be None when
+    the config has `penalties=False`.
+    """
+
+    temperature: Float[Array, " batch"]
+    top_k: Int[Array, " batch"]
+    top_p: Float[Array, " batch"]
+    min_p: Float[Array, " batch"]
+    repetition_penalty: Float[Array, " batch"]
+    frequency_penalty: Float[Array, " batch"]
+    presence_penalty: Float[Array, " batch"]
+    min_new_tokens: Int[Array, " batch"]
+    num_generated: Int[Array, " batch"]
+    keys: UInt32[Array, "batch 2"]
+    prompt_ids: Int[Array, "batch prompt_len"] | None = None
+    output_ids: Int[Array, "batch output_len"] | None = None
+    stop_token_ids: Int[Array, "batch num_stop"] | None = None
+
+    @property
+    def size(self) -> int:
+        return self.temperature.shape[0]
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class SamplerOutput:
+    """Result of one step; fields the config did not ask for are None."""
+
+    tokens: Int[Array, " batch"]
+    logprobs: Float[Array, " batch"] | None = None
+    entropy: Float[Array, " batch"] | None = None
+    top_logprob_ids: Int[Array, "batch n"] | None = None
+    top_logprobs: Float[Array, "batch n"] | None = None
+
+
+def row_key(seed: int, step: int) -> np.ndarray:
+    """Threefry key data of a seeded row at one decode step (host-side, batch-independent)."""
+    key = jax.random.fold_in(jax.random.PRNGKey(seed % 2**32), step)
+    return np.asarray(key, dtype=np.uint32)
+
+
+def config_for(options: Sequence[SamplingOptions], **static: object) -> SamplerConfig:
+    """The static config that serves every row of `options` (their modes must agree)."""
+    fields = {
+        "logprobs_mode": {o.logprobs_mode for o in options},
+        "entropy_source": {o.entropy_source for o in options},
+        "entropy_top_k": {o.entropy_top_k for o in options},
+    }
+    for name, values in fields.items():
+        if len(values) > 1:
+            raise ValueError(f"rows of one batch must share {name}, got {sorted(values)}")
+    return SamplerConfig(
+        return_logprob=any(o.return_logprobs for o in options),
+        return_entropy=any(o.return_entropy for o in options),
+        top_logprobs=max(o.top_logprobs for o in options),
+        **{name: values.pop() for name, values in fields.items()},
+        **static,
+    )
+
+
+def make_batch(
+    options: Sequence[SamplingOptions],
+    *,
+    vocab_size: int,
+    keys: np.ndarray | None = None,
+    prompt_ids: Sequence[Sequence[int]] | None = None,
+    output_ids: Sequence[Sequence[int]] | None = None,
+    eos_token_ids: Sequence[int] = (),
+    step: int = 0,
+) -> SamplingBatch:
+    """Builds a batch from per-row options (validated against `vocab_size`).
+
+    Rows without a seed need `keys`; seeded rows derive theirs from (seed, step). Stop ids
+    for min_new_tokens are each row's `stop_token_ids` plus `eos_token_ids` unless ignore_eos.
+    """
+    if not options:
+        raise ValueError("options must hold at least one row")
+    for o in options:
+        o.validate_for_vocab(vocab_size)
+    rows = len(options)
+    key_data = np.zeros((rows, 2), np.uint32) if keys is None else np.asarray(keys, np.uint32)
+    if key_data.shape != (rows, 2):
+        raise ValueError(f"keys must have shape ({rows}, 2), got {key_data.shape}")
+    for i, o in enumerate(options):
+        if o.seed is not None:
+            key_data[i] = row_key(o.seed, step)
+        elif keys is None:
+            raise ValueError(f"row {i} has no seed and no key was given")
+    outputs = output_ids or [[] for _ in options]
+    stops = [
+        list(o.stop_token_ids) + ([] if o.ignore_eos else list(eos_token_ids)) for o in options
+    ]
+    return SamplingBatch(
+        temperature=jnp.asarray([o.temperature for o in options], jnp.float32),
+        top_k=jnp.asarray([o.top_k for o in options], jnp.int32),
+        top_p=jnp.asarray([o.top_p for o in options], jnp.float32),
+        min_p=jnp.asarray([o.min_p for o in options], jnp.float32),
+        repetition_penalty=jnp.asarray([o.repetition_penalty for o in options], jnp.float32),
+        frequency_penalty=jnp.asarray([o.frequency_penalty for o in options], jnp.float32),
+        presence_penalty=jnp.asarray([o.presence_penalty for o in options], jnp.float32),
+        min_new_tokens=jnp.asarray([o.min_new_tokens for o in options], jnp.int32),
+        num_generated=jnp.asarray([len(x) for x in outputs], jnp.int32),
+        keys=jnp.asarray(key_data),
+        prompt_ids=pad_token_ids(prompt_ids or [[] for _ in options]),
+        output_ids=pad_token_ids(outputs),
+        stop_token_ids=pad_token_ids(stops),
+    )
+
+
+def pad_token_ids(rows: Sequence[Sequence[int]], length: int | None = None) -> jax.Array:
+    """Right-pads ragged token-id rows with `NO_TOKEN` to `length` (default: longest, >= 1)."""
+    width = max([1, *(len(r) for r in rows)]) if length is None else length
+    out = np.full((len(rows), width), NO_TOKEN, np.int32)
+    for i, r in enumerate(rows):
+        if len(r) > width:
+            raise ValueError(f"row {i} has {len(r)} token ids, more than the padded {width}")
+        out[i, : len(r)] = r
+    return jnp.asarray(out)

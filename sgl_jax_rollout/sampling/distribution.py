@@ -1,0 +1,56 @@
+"""Normalisers and entropies of (possibly truncated) distributions given by logits.
+
+Owns the float32 arithmetic shared by every sampler output: safe row maxima, the one pass over
+the vocabulary that gives a normaliser and an entropy numerator together, and the entropy of
+a set of unnormalised weights with `0 * log 0 = 0`.
+
+Must not decide which tokens are kept nor sample.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax import lax
+from jaxtyping import Array, Float
+
+
+def finite_or_zero(x: Float[Array, " batch"]) -> Float[Array, " batch"]:
+    """Row maxima that are safe to subtract (a fully masked row has max -inf)."""
+    return jnp.where(jnp.isfinite(x), x, 0.0)
+
+
+def mass_and_moment(
+    scaled: Float[Array, "batch vocab"], offset: Float[Array, " batch"]
+) -> tuple[Float[Array, " batch"], Float[Array, " batch"]]:
+    """One fused pass: `S = sum exp(x - offset)` and `E = sum exp(x - offset) * (x - offset)`.
+
+    Entropy is `log S - E / S`; masked (-inf) entries contribute 0 to both.
+    """
+    d = scaled - offset[:, None]
+    w = jnp.exp(d)
+    wd = jnp.where(w > 0, w * d, 0.0)
+    return lax.reduce(
+        (w, wd), (jnp.float32(0), jnp.float32(0)), lambda a, b: (a[0] + b[0], a[1] + b[1]), (1,)
+    )
+
+
+def entropy_from_mass(
+    mass: Float[Array, " batch"], moment: Float[Array, " batch"]
+) -> Float[Array, " batch"]:
+    """`-(sum p log p)` from `mass_and_moment`; 0 for an empty row."""
+    safe = jnp.where(mass > 0, mass, 1.0)
+    return jnp.where(mass > 0, jnp.log(safe) - moment / safe, 0.0)
+
+
+def entropy_of_weights(
+    weights: Float[Array, "batch n"], log_weights: Float[Array, "batch n"]
+) -> Float[Array, " batch"]:
+    """Entropy of `weights` renormalised over the row; `log_weights` = log(weights) where > 0."""
+    mass = weights.sum(-1)
+    moment = jnp.where(weights > 0, weights * log_weights, 0.0).sum(-1)
+    return entropy_from_mass(mass, moment)
+
+
+def log_or_neg_inf(x: Float[Array, ...]) -> Float[Array, ...]:
+    """`log x` with log 0 = -inf and no warning-producing NaN paths."""
+    return jnp.where(x > 0, jnp.log(jnp.where(x > 0, x, 1.0)), -jnp.inf)

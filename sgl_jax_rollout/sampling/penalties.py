@@ -1,0 +1,55 @@
+"""Penalties on the logits (step 2 of the sampler's order).
+
+Owns the repetition (HF / vLLM), frequency and presence (OpenAI) penalties and min_new_tokens.
+They touch only the ids that occur in the rows' token arrays, so the work is
+O(batch x history) scatters into one copy of the logits, never a dense [batch, vocab] count.
+
+Must not sample, temper or truncate.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jaxtyping import Array, Float, Int
+
+from sgl_jax_rollout.sampling.batch import SamplingBatch
+
+
+def apply_penalties(
+    logits: Float[Array, "batch vocab"], batch: SamplingBatch
+) -> Float[Array, "batch vocab"]:
+    """Penalised logits: repetition, then presence and frequency, then min_new_tokens.
+
+    Scatter-set writes the same value for every duplicate of an id, so duplicates are
+    harmless; the frequency penalty is a scatter-add, one `-f` per occurrence.
+    """
+    vocab = logits.shape[-1]
+    rows = jnp.arange(logits.shape[0])[:, None]
+
+    seen = jnp.concatenate([batch.prompt_ids, batch.output_ids], axis=1)
+    seen_at, _ = _scatter_index(seen, vocab)
+    z = _gather(logits, seen, vocab)
+    p = batch.repetition_penalty[:, None]
+    logits = logits.at[rows, seen_at].set(jnp.where(z > 0, z / p, z * p), mode="drop")
+
+    out_at, _ = _scatter_index(batch.output_ids, vocab)
+    z = _gather(logits, batch.output_ids, vocab)
+    logits = logits.at[rows, out_at].set(z - batch.presence_penalty[:, None], mode="drop")
+    logits = logits.at[rows, out_at].add(
+        jnp.broadcast_to(-batch.frequency_penalty[:, None], out_at.shape), mode="drop"
+    )
+
+    too_early = (batch.num_generated < batch.min_new_tokens)[:, None]
+    stop_at, stop_ok = _scatter_index(batch.stop_token_ids, vocab)
+    stop_at = jnp.where(too_early & stop_ok, stop_at, vocab)
+    return logits.at[rows, stop_at].set(-jnp.inf, mode="drop")
+
+
+def _scatter_index(ids: Int[Array, "batch n"], vocab: int) -> tuple[Array, Array]:
+    """Ids with padding moved out of range (dropped by `mode="drop"`), and the valid mask."""
+    ok = (ids >= 0) & (ids < vocab)
+    return jnp.where(ok, ids, vocab), ok
+
+
+def _gather(logits: Float[Array, "batch vocab"], ids: Int[Array, "batch n"], vocab: int) -> Array:
+    return jnp.take_along_axis(logits, jnp.clip(ids, 0, vocab - 1), axis=1)

@@ -1,0 +1,1 @@
+"""Small helpers shared by the sampler, the engine and the benchmarks."""

@@ -1,0 +1,42 @@
+"""Counting XLA compilations with JAX's own monitoring events.
+
+Owns `count_compiles`, used by tests and benchmarks to prove that changing per-request
+settings never recompiles. Counts every backend compile in the process while active.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+from collections.abc import Iterator
+
+import jax
+
+# The event jax records once per backend (XLA) compilation.
+BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+
+
+@dataclasses.dataclass
+class CompileCount:
+    count: int = 0
+    seconds: float = 0.0
+
+
+@contextlib.contextmanager
+def count_compiles() -> Iterator[CompileCount]:
+    """Counts backend compilations (and their seconds) made inside the block."""
+    result = CompileCount()
+    lock = threading.Lock()
+
+    def listener(event: str, duration: float, **_: object) -> None:
+        if event == BACKEND_COMPILE_EVENT:
+            with lock:
+                result.count += 1
+                result.seconds += duration
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        yield result
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
