@@ -1,0 +1,1 @@
+"""Benchmarks run by `sgl-jax-rollout bench ...`; each prints one JSON object."""

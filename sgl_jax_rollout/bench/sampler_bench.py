@@ -1,0 +1,161 @@
+"""`sgl-jax-rollout bench sampler`: milliseconds per sampling step at vocab 151,936.
+
+Owns the sampler benchmark: for batch sizes 1, 16 and 64 and float32 logits, the median of
+>= 20 timed steps after warm-up of
+- `argmax`: one pass, the floor;
+- `baseline`: temperature + top-k / top-p sampling only (our sampler, outputs off);
+- `full`: repetition + frequency + presence penalties, processed logprob, full raw entropy,
+  temperature + top-k / top-p sampling;
+- `topk_entropy`: as `full` with entropy_top_k = 50;
+- `flat_top_p_search` (extra): `full` settings but top-k off, on nearly flat logits, so the
+  kept set exceeds the candidates and the exact threshold search runs;
+- `sgl_jax`: sgl-jax's own `Sampler` with logprobs on the same logits, when importable.
+Ratios are taken at batch 64 within the same run.
+
+Must not be imported by the library: it is a CLI subcommand.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from tqdm import tqdm
+
+from sgl_jax_rollout.sampling import SamplerConfig, SamplingOptions, make_batch, sample
+
+VOCAB = 151_936
+BATCH_SIZES = (1, 16, 64)
+PROMPT_LEN, OUTPUT_LEN = 128, 64
+TOP_K, TOP_P, TEMPERATURE = 50, 0.9, 0.7
+LOGITS_DESCRIPTION = (
+    "f32; background normal(0, 1.5) plus 32 head tokens raised by U(4, 10), like an LM's "
+    "next-token logits"
+)
+
+
+def lm_like_logits(rows: int, seed: int, flat: bool = False) -> jax.Array:
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(0.0, 0.05 if flat else 1.5, size=(rows, VOCAB)).astype(np.float32)
+    if not flat:
+        for r in range(rows):
+            head = rng.choice(VOCAB, 32, replace=False)
+            logits[r, head] += rng.uniform(4.0, 10.0, 32).astype(np.float32)
+    return jnp.asarray(logits)
+
+
+def _options(penalties: bool, top_k: int = TOP_K) -> SamplingOptions:
+    extra = (
+        {"repetition_penalty": 1.1, "frequency_penalty": 0.2, "presence_penalty": 0.2}
+        if penalties
+        else {}
+    )
+    return SamplingOptions(temperature=TEMPERATURE, top_k=top_k, top_p=TOP_P, **extra)
+
+
+def _batches(rows: int, options: SamplingOptions, steps: int, seed: int):
+    rng = np.random.default_rng(seed)
+    prompts = rng.integers(0, VOCAB, (rows, PROMPT_LEN)).tolist()
+    outputs = rng.integers(0, VOCAB, (rows, OUTPUT_LEN)).tolist()
+    return [
+        make_batch(
+            [options] * rows,
+            vocab_size=VOCAB,
+            keys=rng.integers(0, 2**32, (rows, 2), dtype=np.uint32),
+            prompt_ids=prompts,
+            output_ids=outputs,
+        )
+        for _ in range(steps)
+    ]
+
+
+def _median_ms(step: Callable[[int], object], warmup: int, steps: int) -> float:
+    for i in range(warmup):
+        jax.block_until_ready(step(i))
+    times = []
+    for i in range(steps):
+        start = time.perf_counter()
+        jax.block_until_ready(step(i))
+        times.append((time.perf_counter() - start) * 1e3)
+    return round(statistics.median(times), 3)
+
+
+def _ours(logits, options: SamplingOptions, config: SamplerConfig, steps: int):
+    batches = _batches(logits.shape[0], options, steps, seed=1)
+    return lambda i: sample(logits, batches[i % steps], config).tokens
+
+
+def run(steps: int = 20, warmup: int = 3) -> dict:
+    variants = {
+        "baseline": (
+            _options(penalties=False),
+            SamplerConfig(penalties=False, return_logprob=False, return_entropy=False),
+        ),
+        "full": (_options(penalties=True), SamplerConfig()),
+        "topk_entropy": (_options(penalties=True), SamplerConfig(entropy_top_k=50)),
+    }
+    sgl_step = _sgl_jax_step_factory()
+    results: dict[str, dict[str, float]] = {}
+    names = ["argmax", *variants, "flat_top_p_search", *(["sgl_jax"] if sgl_step else [])]
+    progress = tqdm(total=len(BATCH_SIZES) * len(names), desc="bench sampler", file=sys.stderr)
+    for rows in BATCH_SIZES:
+        logits = lm_like_logits(rows, seed=rows)
+        row: dict[str, float] = {}
+        argmax = jax.jit(lambda x: jnp.argmax(x, axis=-1))
+        row["argmax"] = _median_ms(lambda i, x=logits: argmax(x), warmup, steps)
+        progress.update()
+        for name, (options, config) in variants.items():
+            row[name] = _median_ms(_ours(logits, options, config, steps), warmup, steps)
+            progress.update()
+        flat = lm_like_logits(rows, seed=rows, flat=True)
+        row["flat_top_p_search"] = _median_ms(
+            _ours(flat, _options(penalties=True, top_k=-1), SamplerConfig(), steps),
+            1,
+            max(3, steps // 4),
+        )
+        progress.update()
+        if sgl_step:
+            row["sgl_jax"] = _median_ms(sgl_step(logits), warmup, steps)
+            progress.update()
+        results[str(rows)] = row
+    progress.close()
+
+    at64 = results["64"]
+    ratios = {
+        "full_vs_baseline": round(at64["full"] / at64["baseline"], 3),
+        "topk_entropy_vs_baseline": round(at64["topk_entropy"] / at64["baseline"], 3),
+        "full_vs_argmax": round(at64["full"] / at64["argmax"], 3),
+    }
+    if "sgl_jax" in at64:
+        ratios["full_vs_sgl_jax"] = round(at64["full"] / at64["sgl_jax"], 3)
+    return {
+        "bench": "sampler",
+        "vocab": VOCAB,
+        "unit": "ms per step (median)",
+        "steps": steps,
+        "device": str(jax.devices()[0].platform),
+        "settings": {
+            "temperature": TEMPERATURE,
+            "top_k": TOP_K,
+            "top_p": TOP_P,
+            "penalties (full)": "repetition 1.1, frequency 0.2, presence 0.2",
+            "history": f"{PROMPT_LEN} prompt + {OUTPUT_LEN} output ids per row",
+            "logits": LOGITS_DESCRIPTION,
+        },
+        "rows": results,
+        "ratios": ratios,
+    }
+
+
+def _sgl_jax_step_factory():
+    """sgl-jax's own sampler with logprobs, or None when sgl_jax cannot be imported."""
+    try:
+        from sgl_jax_rollout.bench.sgl_jax_sampler import make_sgl_jax_step
+    except ImportError:
+        return None
+    return make_sgl_jax_step(TEMPERATURE, TOP_K, TOP_P)

@@ -1,0 +1,83 @@
+"""The `sgl-jax-rollout` command line.
+
+Owns argument parsing and dispatch only: each subcommand calls one library function.
+Subcommands: `make-tiny-model DIR`, `bench sampler [--json]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+
+def _make_tiny_model(args: argparse.Namespace) -> int:
+    from sgl_jax_rollout.tiny_model import make_tiny_model
+
+    path = make_tiny_model(args.dir, arch=args.arch, seed=args.seed, vocab_size=args.vocab_size)
+    print(f"tiny {args.arch} model written to {path}")
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from sgl_jax_rollout.bench import sampler_bench
+
+    result = sampler_bench.run(steps=args.steps)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(json.dumps(result, indent=2))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from sgl_jax_rollout.tiny_model.builder import ARCHITECTURES, DEFAULT_VOCAB
+
+    parser = argparse.ArgumentParser(
+        prog="sgl-jax-rollout",
+        description="JAX rollout backend for tunix on the sgl-jax engine.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    tiny = sub.add_parser(
+        "make-tiny-model",
+        help="write the built-in tiny model (offline, deterministic)",
+        description="Write config, random weights, generation config and a trained "
+        "byte-level BPE tokenizer to DIR. The same seed gives the same bytes.",
+    )
+    tiny.add_argument("dir", help="output directory (created if missing)")
+    tiny.add_argument("--arch", choices=sorted(ARCHITECTURES), default="qwen3")
+    tiny.add_argument("--seed", type=int, default=0)
+    tiny.add_argument(
+        "--vocab-size", type=int, default=DEFAULT_VOCAB, help="tokenizer and model vocabulary"
+    )
+    tiny.set_defaults(func=_make_tiny_model)
+
+    bench = sub.add_parser("bench", help="benchmarks printing one JSON object")
+    bench.add_argument("target", choices=["sampler"], help="what to benchmark")
+    bench.add_argument("--json", action="store_true", help="print compact JSON on one line")
+    bench.add_argument("--steps", type=int, default=20, help="timed steps per figure (>= 20)")
+    bench.set_defaults(func=_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if getattr(args, "steps", 20) < 20:
+        parser.error(f"--steps must be >= 20, got {args.steps}")
+    try:
+        return args.func(args)
+    except ValueError as err:
+        print(f"sgl-jax-rollout: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
