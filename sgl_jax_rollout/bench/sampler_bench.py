@@ -85,6 +85,11 @@ def _median_ms(step: Callable[[int], object], warmup: int, steps: int) -> float:
     return round(statistics.median(times), 3)
 
 
+@jax.jit
+def _argmax(logits: jax.Array) -> jax.Array:
+    return jnp.argmax(logits, axis=-1)
+
+
 def _ours(logits, options: SamplingOptions, config: SamplerConfig, steps: int):
     batches = _batches(logits.shape[0], options, steps, seed=1)
     return lambda i: sample(logits, batches[i % steps], config).tokens
@@ -106,8 +111,7 @@ def run(steps: int = 20, warmup: int = 3) -> dict:
     for rows in BATCH_SIZES:
         logits = lm_like_logits(rows, seed=rows)
         row: dict[str, float] = {}
-        argmax = jax.jit(lambda x: jnp.argmax(x, axis=-1))
-        row["argmax"] = _median_ms(lambda i, x=logits: argmax(x), warmup, steps)
+        row["argmax"] = _median_ms(lambda i, x=logits: _argmax(x), warmup, steps)
         progress.update()
         for name, (options, config) in variants.items():
             row[name] = _median_ms(_ours(logits, options, config, steps), warmup, steps)

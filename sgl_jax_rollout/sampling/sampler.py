@@ -53,6 +53,7 @@ from sgl_jax_rollout.sampling.penalties import apply_penalties
 from sgl_jax_rollout.sampling.truncation import (
     search_thresholds,
     take_candidates,
+    top_k,
     truncate_with_candidates,
 )
 
@@ -206,7 +207,7 @@ def _raw_top(raw: Float[Array, "batch vocab"], cand, config: SamplerConfig):
         return None, None
     if not config.penalties:
         return cand.raw_values[:, :n], cand.ids[:, :n]
-    return lax.top_k(raw, n)
+    return top_k(raw, n)
 
 
 def _take(values: Array, index: Array) -> Array:
