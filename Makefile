@@ -6,8 +6,10 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
 # A Python 3.12 from PATH, else from pyenv, else 3.11 with a warning (engine tests skip there).
-PYTHON_312 := $(shell command -v python3.12 2>/dev/null || \
-	( command -v pyenv >/dev/null 2>&1 && ls -d "$$(pyenv root)"/versions/3.12*/bin/python3.12 2>/dev/null | sort -V | tail -n 1 ))
+# Each candidate must actually run: a pyenv shim exists on PATH even when 3.12 is not selected.
+PYTHON_312 := $(shell for p in "$$(command -v python3.12)" \
+	$$(command -v pyenv >/dev/null 2>&1 && ls -d "$$(pyenv root)"/versions/3.12*/bin/python3.12 2>/dev/null | sort -V -r); do \
+	[ -n "$$p" ] && "$$p" -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1 && { echo "$$p"; break; }; done)
 BASE_PYTHON := $(if $(PYTHON_312),$(PYTHON_312),$(shell command -v python3.11 2>/dev/null || command -v python3))
 
 .PHONY: test lint demo venv clean
