@@ -31,6 +31,10 @@ def _hf_config(model_dir: str | Path) -> dict[str, Any]:
 
 def tunix_model_config(model_dir: str | Path):
     """tunix `ModelConfig` equivalent to the HF config in `model_dir`."""
+    return _tunix_config_and_package(model_dir)[0]
+
+
+def _tunix_config_and_package(model_dir: str | Path):
     hf = _hf_config(model_dir)
     model_type = hf.get("model_type")
     if model_type not in _TUNIX_MODELS:
@@ -40,7 +44,7 @@ def tunix_model_config(model_dir: str | Path):
     package, tied_flag = _TUNIX_MODELS[model_type]
     model_lib = importlib.import_module(f"tunix.models.{package}.model")
     heads = hf["num_attention_heads"]
-    return model_lib.ModelConfig(
+    config = model_lib.ModelConfig(
         num_layers=hf["num_hidden_layers"],
         vocab_size=hf["vocab_size"],
         embed_dim=hf["hidden_size"],
@@ -52,11 +56,11 @@ def tunix_model_config(model_dir: str | Path):
         norm_eps=hf.get("rms_norm_eps", 1e-6),
         **{tied_flag: bool(hf.get("tie_word_embeddings", False))},
     )
+    return config, package
 
 
 def load_tunix_model(model_dir: str | Path, mesh: jax.sharding.Mesh | None = None):
     """The nnx model of `model_dir`, loaded by tunix's own safetensors loader."""
-    config = tunix_model_config(model_dir)
-    package, _ = _TUNIX_MODELS[_hf_config(model_dir)["model_type"]]
+    config, package = _tunix_config_and_package(model_dir)
     params = importlib.import_module(f"tunix.models.{package}.params")
     return params.create_model_from_safe_tensors(str(model_dir), config, mesh=mesh)
