@@ -132,6 +132,22 @@ def row_key(seed: int, step: int) -> np.ndarray:
     return np.asarray(key, dtype=np.uint32)
 
 
+def base_keys(seeds: Sequence[int]) -> np.ndarray:
+    """`PRNGKey(seed % 2**32)` data of each seed, built with numpy (no device call per row)."""
+    out = np.zeros((len(seeds), 2), np.uint32)
+    out[:, 1] = np.asarray([s % 2**32 for s in seeds], np.uint64).astype(np.uint32)
+    return out
+
+
+def step_keys(keys: UInt32[Array, "batch 2"], steps: Int[Array, " batch"]) -> jax.Array:
+    """Folds each row's step into its base key: `step_keys(base_keys([s]), [t]) == row_key(s, t)`.
+
+    Runs inside jit, so an engine passes seeds once per request and never computes keys on the
+    host per step.
+    """
+    return jax.vmap(jax.random.fold_in)(keys, steps.astype(jnp.uint32))
+
+
 def config_for(options: Sequence[SamplingOptions], **static: object) -> SamplerConfig:
     """The static config that serves every row of `options` (their modes must agree)."""
     fields = {

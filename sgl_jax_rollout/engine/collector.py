@@ -1,0 +1,181 @@
+"""Per-request stores shared by caller threads and the engine's scheduler thread.
+
+Owns the only per-request state we add to the engine: the `RequestSpec` of each request we
+submitted, the per-token values (logprob, entropy, top logprobs) recorded for it step by
+step, and its `Completion` once finished. Callers `register` before submitting and `take`
+(or `forget`) after; every store is keyed by request id, and `sizes()` lets tests check that
+nothing outlives its request.
+
+The scheduler side is three hooks, called by the patches in `patches.py`:
+`stash_step` (the sampler's per-row values of the step just run, before the result is
+processed), `record` (before sgl-jax streams outputs: new tokens are `len(req.output_ids)`
+minus the values recorded, which covers the first token from prefill, chunked prefill and
+retraction) and `end_step`. Tokens of a finished request are `output_ids_through_stop`, and
+its values are cut to the same length: one value per returned token, stop token included.
+
+No sgl_jax import: the hooks read only `rid`, `output_ids`, `output_ids_through_stop`,
+`finished()` and `finished_reason` of the request objects.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from sgl_jax_rollout.engine.rows import RequestSpec
+
+
+@dataclasses.dataclass
+class StepValues:
+    """Host copies of the sampler's per-row outputs for one step (rows in request order)."""
+
+    logprobs: np.ndarray | None
+    entropy: np.ndarray | None
+    top_logprob_ids: np.ndarray | None = None
+    top_logprobs: np.ndarray | None = None
+
+
+@dataclasses.dataclass
+class Completion:
+    """One finished request: tokens and, aligned with them, the values asked for."""
+
+    rid: str
+    tokens: list[int]
+    logprobs: list[float] | None
+    entropy: list[float] | None
+    top_logprob_ids: list[list[int]] | None
+    top_logprobs: list[list[float]] | None
+    finish_reason: Any
+    error: str | None = None
+
+
+@dataclasses.dataclass
+class _Record:
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+    entropy: list[float] = dataclasses.field(default_factory=list)
+    top_ids: list[list[int]] = dataclasses.field(default_factory=list)
+    top_values: list[list[float]] = dataclasses.field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def count(self) -> int:
+        return len(self.logprobs)
+
+
+class Collector:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._specs: dict[str, RequestSpec] = {}
+        self._records: dict[str, _Record] = {}
+        self._done: dict[str, Completion] = {}
+        self._step_rows: dict[int, int] = {}
+        self._step_values: StepValues | None = None
+
+    # Caller side.
+    def register(self, rid: str, spec: RequestSpec) -> None:
+        with self._lock:
+            if rid in self._specs or rid in self._done:
+                raise ValueError(f"request id {rid!r} is already in use")
+            self._specs[rid] = spec
+            self._records[rid] = _Record()
+
+    def take(self, rid: str) -> Completion:
+        """Pops the completion of a finished request (raises if it did not finish here)."""
+        with self._lock:
+            self._specs.pop(rid, None)
+            self._records.pop(rid, None)
+            done = self._done.pop(rid, None)
+        if done is None:
+            raise RuntimeError(f"request {rid!r} returned without a recorded completion")
+        return done
+
+    def forget(self, rids: Iterable[str]) -> None:
+        """Drops everything held for `rids` (aborted or failed requests)."""
+        with self._lock:
+            for rid in rids:
+                self._specs.pop(rid, None)
+                self._records.pop(rid, None)
+                self._done.pop(rid, None)
+
+    def sizes(self) -> dict[str, int]:
+        with self._lock:
+            return {
+                "specs": len(self._specs),
+                "records": len(self._records),
+                "completions": len(self._done),
+                "step_rows": len(self._step_rows),
+            }
+
+    # Scheduler side.
+    def spec_for(self, rid: str) -> RequestSpec | None:
+        with self._lock:
+            return self._specs.get(rid)
+
+    def stash_step(self, reqs: Sequence[Any], values: StepValues) -> None:
+        with self._lock:
+            self._step_rows = {id(req): row for row, req in enumerate(reqs)}
+            self._step_values = values
+
+    def end_step(self) -> None:
+        with self._lock:
+            self._step_rows = {}
+            self._step_values = None
+
+    def record(self, reqs: Iterable[Any]) -> None:
+        with self._lock:
+            for req in reqs:
+                rec = self._records.get(req.rid)
+                if rec is None:
+                    continue
+                self._append_new(req, rec)
+                if req.finished():
+                    self._finish(req, rec)
+
+    def _append_new(self, req: Any, rec: _Record) -> None:
+        new = len(req.output_ids) - rec.count
+        if new == 0 or rec.error:
+            return
+        row = self._step_rows.get(id(req))
+        values = self._step_values
+        if new != 1 or row is None or values is None:
+            rec.error = (
+                f"request {req.rid}: {new} new token(s) at one step without sampler values "
+                f"(recorded {rec.count}, output has {len(req.output_ids)})"
+            )
+            return
+        rec.logprobs.append(float(values.logprobs[row]) if values.logprobs is not None else 0.0)
+        rec.entropy.append(float(values.entropy[row]) if values.entropy is not None else 0.0)
+        if values.top_logprob_ids is not None:
+            rec.top_ids.append(values.top_logprob_ids[row].tolist())
+            rec.top_values.append(values.top_logprobs[row].tolist())
+
+    def _finish(self, req: Any, rec: _Record) -> None:
+        tokens = list(req.output_ids_through_stop)
+        n = len(tokens)
+        spec = self._specs.get(req.rid)
+        error = rec.error
+        if error is None and rec.count < n:
+            error = f"request {req.rid}: {n} tokens but only {rec.count} sampler values"
+        want_lp = spec is None or spec.options.return_logprobs
+        want_ent = spec is None or spec.options.return_entropy
+        self._done[req.rid] = Completion(
+            rid=req.rid,
+            tokens=tokens,
+            logprobs=rec.logprobs[:n] if want_lp else None,
+            entropy=rec.entropy[:n] if want_ent else None,
+            top_logprob_ids=rec.top_ids[:n] if rec.top_ids else None,
+            top_logprobs=rec.top_values[:n] if rec.top_values else None,
+            finish_reason=_finish_reason(req),
+            error=error,
+        )
+        self._records.pop(req.rid, None)
+        self._specs.pop(req.rid, None)
+
+
+def _finish_reason(req: Any) -> Any:
+    reason = req.finished_reason
+    return reason.to_json() if hasattr(reason, "to_json") else reason

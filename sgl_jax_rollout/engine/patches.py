@@ -1,0 +1,324 @@
+"""Every change we make to sgl-jax internals, in one place.
+
+Checked against sgl-project/sglang-jax commit cddbf6f1cc33cbdd453bd8f36ff7051cf46ca176
+(`python/sgl_jax/srt/...`). Each patch is named, wraps (never copies) the upstream function,
+and is applied once per process (`apply`); `check_upstream` fails loudly when an upstream
+name or signature it relies on changes. The engine must run with overlap scheduling off
+(`engine.py` forces it): penalties need each request's output ids on the host at every step.
+
+- `sampler_class`: `model_executor.model_runner.Sampler` -> `RolloutSampler`. Replaced before
+  the Engine is built, so the runner's `initialize_jit` and precompile include our sampler.
+- `worker_batch_rows`: wraps `ScheduleBatch.get_model_worker_batch` to attach our per-row
+  settings (`rows.build_rows`) for the batch's requests, in row order.
+- `sampling_metadata_rows`: wraps `SamplingMetadata.from_model_worker_batch` to return a
+  `RolloutSamplingMetadata` carrying those rows on the mesh (neutral rows for precompile).
+- `step_values`: wraps `Scheduler.process_batch_result` to hand the step's per-row sampler
+  outputs to the collector before the result is processed.
+- `record_before_stream`: wraps `Scheduler.stream_output` so per-token values are recorded
+  (and completions finalised) before sgl-jax sends the output to the caller.
+- `idle_wait_and_stop`: wraps `Scheduler.on_idle`: an idle scheduler waits on its sockets
+  (upstream spins a core at 100%) and exits its thread when the engine is shut down.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import inspect
+import logging
+import threading
+from typing import Any
+
+import jax
+import numpy as np
+import zmq
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from sgl_jax_rollout.engine.collector import Collector, StepValues
+from sgl_jax_rollout.engine.rows import RequestSpec, build_rows, sampler_config
+from sgl_jax_rollout.sampling.batch import SamplerConfig
+from sgl_jax_rollout.sampling.options import SamplingOptions
+
+logger = logging.getLogger(__name__)
+
+PINNED_COMMIT = "cddbf6f1cc33cbdd453bd8f36ff7051cf46ca176"
+IDLE_WAIT_MS = 5
+_MARK = "__sgl_jax_rollout_patch__"
+_APPLY_LOCK = threading.Lock()
+
+
+@dataclasses.dataclass
+class EngineHooks:
+    """What the patches need from the running engine (one engine per process at a time)."""
+
+    collector: Collector
+    valid_vocab_size: int | None
+    stop: threading.Event = dataclasses.field(default_factory=threading.Event)
+
+    def default_config(self) -> SamplerConfig:
+        return sampler_config([], self.valid_vocab_size)
+
+
+_active: EngineHooks | None = None
+
+
+def activate(hooks: EngineHooks) -> None:
+    global _active
+    if _active is not None and not _active.stop.is_set():
+        raise RuntimeError(
+            "another sgl-jax rollout engine is running in this process; shut it down first"
+        )
+    _active = hooks
+
+
+def deactivate(hooks: EngineHooks) -> None:
+    global _active
+    hooks.stop.set()
+    if _active is hooks:
+        _active = None
+
+
+def _hooks() -> EngineHooks | None:
+    return _active
+
+
+# Upstream names and the parameters our wrappers rely on.
+_UPSTREAM = {
+    "ScheduleBatch.get_model_worker_batch": ("self", "token_paddings", "bs_paddings"),
+    "SamplingMetadata.from_model_worker_batch": ("batch", "pad_size", "mesh", "vocab_size"),
+    "Scheduler.process_batch_result": ("self", "batch", "result"),
+    "Scheduler.stream_output": ("self", "reqs", "return_logprob"),
+    "Scheduler.on_idle": ("self",),
+    "Sampler.__call__": ("self", "logits_output", "sampling_metadata", "rng_override"),
+}
+
+
+def _upstream_objects() -> dict[str, Any]:
+    from sgl_jax.srt.layers.sampler import Sampler
+    from sgl_jax.srt.managers.schedule_batch import ScheduleBatch
+    from sgl_jax.srt.managers.scheduler import Scheduler
+    from sgl_jax.srt.sampling.sampling_batch_info import SamplingMetadata
+
+    return {
+        "ScheduleBatch": ScheduleBatch,
+        "SamplingMetadata": SamplingMetadata,
+        "Scheduler": Scheduler,
+        "Sampler": Sampler,
+    }
+
+
+def check_upstream() -> None:
+    """Raises RuntimeError naming what changed if sgl-jax no longer has the expected shape."""
+    from sgl_jax.srt.layers.logits_processor import LogitsProcessorOutput
+    from sgl_jax.srt.model_executor import model_runner
+
+    from sgl_jax_rollout.engine.sampler_module import (
+        STOCK_METADATA_CHILDREN,
+        STOCK_OUTPUT_CHILDREN,
+    )
+
+    objects = _upstream_objects()
+    problems = []
+    if not hasattr(model_runner, "Sampler"):
+        problems.append("model_runner.Sampler is gone")
+    for name, params in _UPSTREAM.items():
+        owner, attr = name.split(".")
+        fn = getattr(objects[owner], attr, None)
+        if fn is None:
+            problems.append(f"{name} is gone")
+            continue
+        fn = getattr(fn, "__wrapped__", fn)
+        found = list(inspect.signature(fn).parameters)
+        missing = [p for p in params if p not in found]
+        if missing:
+            problems.append(f"{name} lost parameter(s) {missing} (has {found})")
+    stock_output = LogitsProcessorOutput(next_token_logits=None)
+    if len(stock_output.tree_flatten()[0]) != STOCK_OUTPUT_CHILDREN:
+        problems.append("LogitsProcessorOutput no longer has 12 pytree children")
+    fields = [f.name for f in dataclasses.fields(objects["SamplingMetadata"])]
+    if len(fields) != STOCK_METADATA_CHILDREN + 3:
+        problems.append(f"SamplingMetadata fields changed: {fields}")
+    if problems:
+        raise RuntimeError(
+            f"sgl-jax differs from the commit our patches were checked against "
+            f"({PINNED_COMMIT}): " + "; ".join(problems)
+        )
+
+
+def apply() -> None:
+    """Installs every patch once per process (idempotent)."""
+    with _APPLY_LOCK:
+        check_upstream()
+        from sgl_jax.srt.model_executor import model_runner
+
+        from sgl_jax_rollout.engine.sampler_module import RolloutSampler
+
+        objects = _upstream_objects()
+        model_runner.Sampler = RolloutSampler
+        _wrap(objects["ScheduleBatch"], "get_model_worker_batch", _worker_batch_rows)
+        _wrap_classmethod(
+            objects["SamplingMetadata"], "from_model_worker_batch", _sampling_metadata_rows
+        )
+        _wrap(objects["Scheduler"], "process_batch_result", _step_values)
+        _wrap(objects["Scheduler"], "stream_output", _record_before_stream)
+        _wrap(objects["Scheduler"], "on_idle", _idle_wait_and_stop)
+
+
+def _wrap(owner: type, name: str, wrapper) -> None:
+    original = getattr(owner, name)
+    if getattr(original, _MARK, False):
+        return
+
+    @functools.wraps(original)
+    def patched(*args, **kwargs):
+        return wrapper(original, *args, **kwargs)
+
+    setattr(patched, _MARK, True)
+    setattr(owner, name, patched)
+
+
+def _wrap_classmethod(owner: type, name: str, wrapper) -> None:
+    original = owner.__dict__[name].__func__
+    if getattr(original, _MARK, False):
+        return
+
+    @functools.wraps(original)
+    def patched(cls, *args, **kwargs):
+        return wrapper(functools.partial(original, cls), *args, **kwargs)
+
+    setattr(patched, _MARK, True)
+    setattr(owner, name, classmethod(patched))
+
+
+# Patch bodies.
+def _worker_batch_rows(original, self, *args, **kwargs):
+    """worker_batch_rows: attach (config, host rows) for this batch's requests."""
+    mwb = original(self, *args, **kwargs)
+    hooks = _hooks()
+    if hooks is None:
+        return mwb
+    reqs = [req for info in self.reqs_info if info.reqs for req in info.reqs]
+    registered, specs = [], []
+    for req in reqs:
+        spec = hooks.collector.spec_for(req.rid)
+        if spec is not None:
+            registered.append(spec)
+        specs.append(spec or _fallback_spec(req))
+    config = _batch_config(registered, hooks)
+    padded = len(mwb.sampling_info.temperatures)
+    prompts = [req.origin_input_ids for req in reqs]
+    outputs = [req.output_ids for req in reqs]
+    mwb.rollout_rows = (config, build_rows(specs, prompts, outputs, padded, config))
+    return mwb
+
+
+def _batch_config(specs: list[RequestSpec], hooks: EngineHooks) -> SamplerConfig:
+    try:
+        return sampler_config(specs, hooks.valid_vocab_size)
+    except ValueError:
+        # The engine serialises calls so this cannot happen through it; never kill the
+        # scheduler thread for it (upstream then SIGQUITs the whole process).
+        logger.error("mixed output modes in one batch; using the first request's mode")
+        return sampler_config(specs[:1], hooks.valid_vocab_size)
+
+
+def _fallback_spec(req: Any) -> RequestSpec:
+    """Settings for a request we did not submit (sgl-jax's own warm-up, direct engine users)."""
+    from sgl_jax.srt.sampling.sampling_params import TOP_K_ALL
+
+    p = req.sampling_params
+    seed = p.sampling_seed
+    if seed is None:
+        seed = int.from_bytes(hashlib.sha256(str(req.rid).encode()).digest()[:8], "little") >> 1
+    try:
+        options = SamplingOptions(
+            temperature=float(p.temperature),
+            top_k=-1 if p.top_k >= TOP_K_ALL else int(p.top_k),
+            top_p=float(p.top_p),
+            min_p=float(p.min_p),
+            seed=seed,
+        )
+    except ValueError:
+        options = SamplingOptions(temperature=0.0, seed=seed)
+    return RequestSpec(options=options)
+
+
+def _sampling_metadata_rows(original, batch, pad_size=0, mesh=None, vocab_size=32000):
+    """sampling_metadata_rows: stock metadata plus our rows, on the mesh."""
+    from sgl_jax_rollout.engine.sampler_module import RolloutSamplingMetadata
+
+    stock = original(batch, pad_size, mesh, vocab_size)
+    hooks = _hooks()
+    rows = getattr(batch, "rollout_rows", None)
+    if rows is None:
+        # Precompile and requests outside our engine: neutral greedy rows, default config.
+        from sgl_jax_rollout.engine.rows import build_rows as _build
+
+        valid = hooks.valid_vocab_size if hooks is not None else None
+        config = sampler_config([], valid)
+        size = len(batch.sampling_info.temperatures)
+        rows = (config, _build([], [], [], size, config))
+    config, host_rows = rows
+    sharding = NamedSharding(mesh, P("data"))
+    token_sharding = NamedSharding(mesh, P("data", None))
+    device_rows = jax.tree_util.tree_map(
+        lambda x: jax.device_put(x, sharding if x.ndim == 1 else token_sharding), host_rows
+    )
+    children, aux = stock.tree_flatten()
+    return RolloutSamplingMetadata.tree_unflatten(
+        {**aux, "rollout_config": config}, (*children, device_rows)
+    )
+
+
+def _step_values(original, self, batch, result, *args, **kwargs):
+    """step_values: give the collector this step's per-row values, then process the result."""
+    from sgl_jax_rollout.engine.sampler_module import RolloutLogitsOutput
+
+    hooks = _hooks()
+    out = getattr(result, "logits_output", None)
+    if hooks is None or not isinstance(out, RolloutLogitsOutput):
+        return original(self, batch, result, *args, **kwargs)
+    reqs = [req for info in batch.reqs_info if info.reqs for req in info.reqs]
+    values = StepValues(
+        logprobs=_host(out.next_token_logprobs),
+        entropy=_host(out.rollout_entropy),
+        top_logprob_ids=_host(out.rollout_top_logprob_ids),
+        top_logprobs=_host(out.rollout_top_logprobs),
+    )
+    hooks.collector.stash_step(reqs, values)
+    try:
+        return original(self, batch, result, *args, **kwargs)
+    finally:
+        hooks.collector.end_step()
+
+
+def _host(x) -> np.ndarray | None:
+    return None if x is None else np.asarray(jax.device_get(x))
+
+
+def _record_before_stream(original, self, reqs, *args, **kwargs):
+    """record_before_stream: record new per-token values, finalise finished requests."""
+    hooks = _hooks()
+    if hooks is not None:
+        hooks.collector.record(reqs)
+    return original(self, reqs, *args, **kwargs)
+
+
+def _idle_wait_and_stop(original, self, *args, **kwargs):
+    """idle_wait_and_stop: wait on the sockets when idle; leave the loop on shutdown."""
+    result = original(self, *args, **kwargs)
+    hooks = _hooks()
+    stopping = getattr(self, "_sgl_jax_rollout_stop", None)
+    if stopping is not None and stopping.is_set():
+        raise SystemExit  # ends this scheduler thread quietly (threading ignores SystemExit)
+    if hooks is None or not self.is_fully_idle():
+        return result
+    sockets = [getattr(self, n, None) for n in ("recv_from_tokenizer", "recv_from_rpc")]
+    poller = zmq.Poller()
+    for sock in sockets:
+        if sock is not None:
+            poller.register(sock, zmq.POLLIN)
+    poller.poll(IDLE_WAIT_MS)
+    return result

@@ -1,0 +1,137 @@
+"""Per-request sampling specs and the per-step rows handed to the sampler inside the engine.
+
+Owns `RequestSpec` (what one engine request asks of our sampler: its `SamplingOptions`, a
+seed, the stop ids that `min_new_tokens` holds back) and `build_rows`, which turns the
+requests of one engine batch into a `SamplerConfig` and a host-side `SamplingBatch` padded to
+the engine's batch bucket. Token-id arrays are padded to power-of-two widths so a batch with
+penalties compiles once per width bucket, never per prompt length.
+
+Host-side only: numpy, no sgl_jax import (tested without the engine).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+
+from sgl_jax_rollout.sampling.batch import NO_TOKEN, SamplerConfig, SamplingBatch, base_keys
+from sgl_jax_rollout.sampling.options import SamplingOptions
+
+MIN_TOKEN_WIDTH = 64
+MIN_STOP_WIDTH = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestSpec:
+    """What one engine request asks of the sampler. `options.seed` is always set here."""
+
+    options: SamplingOptions
+    stop_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.options.seed is None:
+            raise ValueError("a RequestSpec needs options with a seed")
+        if self.options.n != 1:
+            raise ValueError("a RequestSpec is one sample: expand n before building specs")
+
+    @property
+    def needs_penalties(self) -> bool:
+        o = self.options
+        return (
+            o.repetition_penalty != 1.0
+            or o.frequency_penalty != 0.0
+            or o.presence_penalty != 0.0
+            or (o.min_new_tokens > 0 and bool(self.stop_ids))
+        )
+
+    def mode(self) -> tuple:
+        o = self.options
+        return (
+            o.logprobs_mode,
+            o.entropy_source,
+            o.entropy_top_k,
+            o.return_logprobs,
+            o.return_entropy,
+            o.top_logprobs,
+        )
+
+
+def bucket(length: int, minimum: int) -> int:
+    """Smallest power of two >= length and >= minimum."""
+    width = minimum
+    while width < length:
+        width *= 2
+    return width
+
+
+def sampler_config(specs: Sequence[RequestSpec], valid_vocab_size: int | None) -> SamplerConfig:
+    """The static config serving every spec (their modes must agree; see `RequestSpec.mode`)."""
+    if not specs:
+        return SamplerConfig(penalties=False, valid_vocab_size=valid_vocab_size)
+    modes = {s.mode() for s in specs}
+    if len(modes) > 1:
+        raise ValueError(f"requests of one engine batch must share their output modes, got {modes}")
+    logprobs_mode, entropy_source, entropy_top_k, ret_lp, ret_ent, top_lp = modes.pop()
+    return SamplerConfig(
+        penalties=any(s.needs_penalties for s in specs),
+        return_logprob=ret_lp,
+        logprobs_mode=logprobs_mode,
+        return_entropy=ret_ent,
+        entropy_source=entropy_source,
+        entropy_top_k=entropy_top_k,
+        top_logprobs=top_lp,
+        valid_vocab_size=valid_vocab_size,
+    )
+
+
+def build_rows(
+    specs: Sequence[RequestSpec],
+    prompt_ids: Sequence[Sequence[int]],
+    output_ids: Sequence[Sequence[int]],
+    padded_rows: int,
+    config: SamplerConfig,
+) -> SamplingBatch:
+    """Host arrays for one step: row i serves `specs[i]`; rows past them are greedy padding.
+
+    `keys` hold each row's base key (`base_keys`); the sampler folds in the number of tokens
+    generated so far, so a seeded request draws the same tokens in any batch.
+    """
+    rows = len(specs)
+    if rows > padded_rows:
+        raise ValueError(f"{rows} requests do not fit in a batch padded to {padded_rows}")
+    pad = padded_rows - rows
+
+    def column(values, dtype, fill):
+        return np.asarray(list(values) + [fill] * pad, dtype)
+
+    opts = [s.options for s in specs]
+    batch = SamplingBatch(
+        temperature=column((o.temperature for o in opts), np.float32, 0.0),
+        top_k=column((o.top_k for o in opts), np.int32, -1),
+        top_p=column((o.top_p for o in opts), np.float32, 1.0),
+        min_p=column((o.min_p for o in opts), np.float32, 0.0),
+        repetition_penalty=column((o.repetition_penalty for o in opts), np.float32, 1.0),
+        frequency_penalty=column((o.frequency_penalty for o in opts), np.float32, 0.0),
+        presence_penalty=column((o.presence_penalty for o in opts), np.float32, 0.0),
+        min_new_tokens=column((o.min_new_tokens for o in opts), np.int32, 0),
+        num_generated=column((len(x) for x in output_ids), np.int32, 0),
+        keys=base_keys([o.seed for o in opts] + [0] * pad),
+    )
+    if not config.penalties:
+        return batch
+    return dataclasses.replace(
+        batch,
+        prompt_ids=_padded(prompt_ids, padded_rows, MIN_TOKEN_WIDTH),
+        output_ids=_padded(output_ids, padded_rows, MIN_TOKEN_WIDTH),
+        stop_token_ids=_padded([s.stop_ids for s in specs], padded_rows, MIN_STOP_WIDTH),
+    )
+
+
+def _padded(rows: Sequence[Sequence[int]], padded_rows: int, minimum: int) -> np.ndarray:
+    width = bucket(max([0, *(len(r) for r in rows)]), minimum)
+    out = np.full((padded_rows, width), NO_TOKEN, np.int32)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = r
+    return out

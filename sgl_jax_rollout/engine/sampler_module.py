@@ -1,0 +1,136 @@
+"""Our sampler as sgl-jax's model runner sees it, and the pytrees that carry its data.
+
+Owns:
+- `RolloutSamplingMetadata`: sgl-jax's `SamplingMetadata` plus one child, our `SamplingBatch`
+  for the step, and our static `SamplerConfig` in the aux data (one compile per config and
+  batch bucket; per-row settings never recompile).
+- `RolloutLogitsOutput`: sgl-jax's `LogitsProcessorOutput` (12 fixed pytree children) plus
+  our per-token entropy and top logprobs. Extra attributes on the stock class would be
+  dropped at the jit boundary, hence a registered subclass.
+- `RolloutSampler`: the module the runner builds in place of `Sampler` (see patches.py).
+
+Only imported once sgl_jax is importable. The sampling math lives in `sgl_jax_rollout.sampling`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+from jax.tree_util import register_pytree_node_class
+from sgl_jax.srt.layers.logits_processor import LogitsProcessorOutput
+from sgl_jax.srt.sampling.sampling_batch_info import SamplingMetadata
+
+from sgl_jax_rollout.sampling.batch import SamplerConfig, SamplerOutput, SamplingBatch, step_keys
+from sgl_jax_rollout.sampling.sampler import sample
+
+STOCK_METADATA_CHILDREN = 12
+STOCK_OUTPUT_CHILDREN = 12
+
+
+@register_pytree_node_class
+@dataclasses.dataclass
+class RolloutSamplingMetadata(SamplingMetadata):
+    rollout_rows: SamplingBatch | None = None
+    rollout_config: SamplerConfig | None = None
+
+    def tree_flatten(self):
+        children, aux = super().tree_flatten()
+        return (*children, self.rollout_rows), {**aux, "rollout_config": self.rollout_config}
+
+    @classmethod
+    def tree_unflatten(cls, aux_data, children):
+        stock = {k: v for k, v in aux_data.items() if k != "rollout_config"}
+        obj = super().tree_unflatten(stock, children[:STOCK_METADATA_CHILDREN])
+        obj.rollout_rows = children[STOCK_METADATA_CHILDREN]
+        obj.rollout_config = aux_data["rollout_config"]
+        return obj
+
+
+@register_pytree_node_class
+@dataclasses.dataclass
+class RolloutLogitsOutput(LogitsProcessorOutput):
+    rollout_entropy: jax.Array | None = None
+    rollout_top_logprob_ids: jax.Array | None = None
+    rollout_top_logprobs: jax.Array | None = None
+
+    def tree_flatten(self):
+        children, aux = super().tree_flatten()
+        extra = (self.rollout_entropy, self.rollout_top_logprob_ids, self.rollout_top_logprobs)
+        return (*children, *extra), aux
+
+    @classmethod
+    def tree_unflatten(cls, aux_data, children):
+        obj = super().tree_unflatten(aux_data, children[:STOCK_OUTPUT_CHILDREN])
+        (obj.rollout_entropy, obj.rollout_top_logprob_ids, obj.rollout_top_logprobs) = children[
+            STOCK_OUTPUT_CHILDREN:
+        ]
+        return obj
+
+
+class RolloutSampler(nnx.Module):
+    """Drop-in for `sgl_jax.srt.layers.sampler.Sampler` (same constructor and call).
+
+    Returns what the runner unpacks: next ids `[B_pad]` sharded `P("data")`, the logits (the
+    runner gathers from them only for sgl-jax's own output-logprob mode, which our requests
+    never use) and a `RolloutLogitsOutput`. Randomness comes from each row's seed and step,
+    not from `rngs` or `rng_override`: the module is rebuilt inside jit and its state is never
+    returned, and a seeded request must draw the same tokens in any batch.
+    """
+
+    def __init__(self, rngs: nnx.Rngs | None = None, mesh: jax.sharding.Mesh | None = None):
+        del rngs
+        self.mesh = mesh
+
+    def __call__(
+        self,
+        logits_output: LogitsProcessorOutput,
+        sampling_metadata: SamplingMetadata,
+        use_sort_for_toppk_minp: bool = False,
+        rng_override: jax.Array | None = None,
+    ):
+        del use_sort_for_toppk_minp, rng_override
+        if not isinstance(sampling_metadata, RolloutSamplingMetadata):
+            raise TypeError(
+                "RolloutSampler needs RolloutSamplingMetadata: the from_model_worker_batch "
+                "patch of sgl_jax_rollout.engine.patches is not installed"
+            )
+        logits = jax.sharding.reshard(
+            logits_output.next_token_logits, NamedSharding(self.mesh, P("data", None))
+        )
+        rows = sampling_metadata.rollout_rows
+        batch = dataclasses.replace(rows, keys=step_keys(rows.keys, rows.num_generated))
+        out = self._sample(logits, batch, sampling_metadata.rollout_config)
+        replicated = NamedSharding(self.mesh, P(None))
+        ids = jax.sharding.reshard(
+            out.tokens.astype(jnp.int32), NamedSharding(self.mesh, P("data"))
+        )
+        children, aux = logits_output.tree_flatten()
+        result = RolloutLogitsOutput.tree_unflatten(
+            aux, (*children, out.entropy, out.top_logprob_ids, out.top_logprobs)
+        )
+        # Always set: sgl-jax rewrites plain return_logprob to a path that reads it.
+        logprobs = out.logprobs if out.logprobs is not None else jnp.zeros(ids.shape, jnp.float32)
+        result.next_token_logprobs = jax.sharding.reshard(logprobs, replicated)
+        return ids, logits, result
+
+    def _sample(self, logits, batch: SamplingBatch, config: SamplerConfig) -> SamplerOutput:
+        """Our sampler in auto-sharding mode: its gathers have no explicit out-sharding."""
+        rows = NamedSharding(self.mesh, P("data"))
+        table = NamedSharding(self.mesh, P("data", None))
+        shardings = SamplerOutput(
+            tokens=rows,
+            logprobs=rows if config.return_logprob else None,
+            entropy=rows if config.return_entropy else None,
+            top_logprob_ids=table if config.top_logprobs else None,
+            top_logprobs=table if config.top_logprobs else None,
+        )
+        run = jax.sharding.auto_axes(
+            functools.partial(sample, config=config), out_sharding=shardings
+        )
+        return run(logits, batch)

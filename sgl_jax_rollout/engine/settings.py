@@ -1,0 +1,155 @@
+"""Engine settings: what a user may choose about the in-process sgl-jax engine.
+
+Owns `EngineSettings`, validated at construction (errors name the field and its range), and
+its translation to sgl-jax `ServerArgs` keywords. Settings the rollout depends on are forced
+there, not offered: single-process mode (the engine must share the trainer's process),
+overlap scheduling off (penalties need every request's output ids on the host at each step),
+the engine-loop daemon (requests are submitted from any thread) and no server warm-up.
+
+No sgl_jax import: settings are checked before anything starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+FORCED = {
+    "enable_single_process": True,
+    "disable_overlap_schedule": True,
+    "enable_engine_loop_run_forever_daemon": True,
+    "skip_server_warmup": True,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineSettings:
+    """Settings of the in-process engine (sgl-jax `ServerArgs` names where they exist).
+
+    Exactly one of `mem_fraction_static` and `max_total_tokens` sizes the KV cache.
+    `tp_size` is the total number of devices; the mesh is `[dp_size, tp_size // dp_size]`.
+    `extra` passes further `ServerArgs` keywords through (not the forced ones).
+    """
+
+    dtype: str = "auto"
+    page_size: int = 1
+    context_length: int = 1024
+    max_running_requests: int = 64
+    precompile_bs_paddings: tuple[int, ...] | None = (1, 4, 16, 64)
+    precompile_token_paddings: tuple[int, ...] | None = (256, 1024, 4096)
+    disable_precompile: bool = False
+    mem_fraction_static: float | None = None
+    max_total_tokens: int | None = 32768
+    chunked_prefill_size: int = -1
+    max_prefill_tokens: int = 4096
+    disable_radix_cache: bool = False
+    tp_size: int = 1
+    dp_size: int = 1
+    device_indexes: tuple[int, ...] | None = None
+    random_seed: int = 0
+    log_level: str = "error"
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {list(DTYPES)}, got {self.dtype!r}")
+        _positive("page_size", self.page_size)
+        _positive("context_length", self.context_length, low=16)
+        _positive("max_running_requests", self.max_running_requests)
+        for name in ("precompile_bs_paddings", "precompile_token_paddings"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            value = tuple(value)
+            object.__setattr__(self, name, value)
+            if not value or any(not _is_int(v) or v < 1 for v in value):
+                raise ValueError(f"{name} must be positive integers, got {list(value)}")
+            if list(value) != sorted(set(value)):
+                raise ValueError(f"{name} must be strictly increasing, got {list(value)}")
+        bs = self.precompile_bs_paddings
+        if bs is not None and bs[-1] < self.max_running_requests:
+            raise ValueError(
+                f"precompile_bs_paddings must cover max_running_requests "
+                f"({self.max_running_requests}), largest is {bs[-1]}"
+            )
+        if (self.mem_fraction_static is None) == (self.max_total_tokens is None):
+            raise ValueError("set exactly one of mem_fraction_static and max_total_tokens")
+        if self.mem_fraction_static is not None and not 0.0 < self.mem_fraction_static < 1.0:
+            raise ValueError(
+                f"mem_fraction_static must be in (0, 1), got {self.mem_fraction_static}"
+            )
+        if self.max_total_tokens is not None:
+            _positive("max_total_tokens", self.max_total_tokens, low=self.context_length)
+        _positive("max_prefill_tokens", self.max_prefill_tokens, low=self.context_length)
+        if not _is_int(self.chunked_prefill_size) or (
+            self.chunked_prefill_size != -1 and self.chunked_prefill_size < self.page_size
+        ):
+            raise ValueError(
+                f"chunked_prefill_size must be -1 (off) or >= page_size ({self.page_size}), "
+                f"got {self.chunked_prefill_size!r}"
+            )
+        _positive("tp_size", self.tp_size)
+        _positive("dp_size", self.dp_size)
+        if self.tp_size % self.dp_size:
+            raise ValueError(
+                f"dp_size ({self.dp_size}) must divide tp_size ({self.tp_size}), the device count"
+            )
+        if self.device_indexes is not None:
+            idx = tuple(self.device_indexes)
+            object.__setattr__(self, "device_indexes", idx)
+            if len(idx) != self.tp_size or len(set(idx)) != len(idx):
+                raise ValueError(
+                    f"device_indexes must be {self.tp_size} distinct device ids (tp_size), "
+                    f"got {list(idx)}"
+                )
+        forced = sorted(set(self.extra) & set(FORCED))
+        if forced:
+            raise ValueError(f"extra must not set {forced}: the rollout fixes them")
+
+    def replace(self, **changes: Any) -> EngineSettings:
+        names = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(changes) - names)
+        if unknown:
+            raise ValueError(f"unknown engine setting(s) {unknown}; allowed: {sorted(names)}")
+        return dataclasses.replace(self, **changes)
+
+    def server_args(self, model_path: str, device: str) -> dict[str, Any]:
+        """Keyword arguments of sgl-jax's `Engine` for this model and device ("cpu", "tpu")."""
+        args = {
+            "model_path": model_path,
+            "device": device,
+            "dtype": self.dtype,
+            "page_size": self.page_size,
+            "context_length": self.context_length,
+            "max_running_requests": self.max_running_requests,
+            "precompile_bs_paddings": _list(self.precompile_bs_paddings),
+            "precompile_token_paddings": _list(self.precompile_token_paddings),
+            "disable_precompile": self.disable_precompile,
+            "mem_fraction_static": self.mem_fraction_static,
+            "max_total_tokens": self.max_total_tokens,
+            "chunked_prefill_size": self.chunked_prefill_size,
+            "max_prefill_tokens": self.max_prefill_tokens,
+            "disable_radix_cache": self.disable_radix_cache,
+            "tp_size": self.tp_size,
+            "dp_size": self.dp_size,
+            "device_indexes": _list(self.device_indexes),
+            "random_seed": self.random_seed,
+            "log_level": self.log_level,
+        }
+        args.update(self.extra)
+        args.update(FORCED)
+        return args
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _positive(name: str, value: Any, low: int = 1) -> None:
+    if not _is_int(value) or value < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+
+
+def _list(value: tuple[int, ...] | None) -> list[int] | None:
+    return None if value is None else list(value)

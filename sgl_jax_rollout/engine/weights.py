@@ -1,0 +1,120 @@
+"""Weight updates of the running engine: map, reshard, check, swap.
+
+Owns `WeightSwapper`: it takes either a tunix nnx state (qwen2, qwen3, llama3: mapped with
+tunix's own `mapping_sglang_jax` tables and `transfer_state_with_mappings`) or a pytree in
+the engine's own layout, puts every leaf on the sharding of the leaf it replaces, checks
+path, shape and dtype of every leaf, and only then swaps. A mismatch raises `ValueError`
+naming the parameter, and the engine keeps its old weights.
+
+The swap itself (upstream shape at the pinned commit) is: replace
+`model_runner.model_state_leaves` with leaves of the same tree, shape, dtype and sharding
+(what the jitted forward reads at every call; no recompilation), and update the runner's
+nnx model with the same arrays so the old ones are freed. The caller serialises it with
+generation (`engine.RolloutEngine`). Only device-to-device transfers happen here, so it
+runs inside tunix's `transfer_guard("disallow_explicit")`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import jax
+from flax import nnx
+
+# config.json model_type -> tunix model package with a mapping_sglang_jax module.
+TUNIX_FAMILIES = {"qwen3": "qwen3", "qwen2": "qwen2", "llama": "llama3"}
+
+
+class WeightSwapper:
+    def __init__(self, model_runner: Any, model_type: str) -> None:
+        self._runner = model_runner
+        self._model_type = model_type
+
+    def engine_state(self) -> nnx.State:
+        """The engine's current parameters, in its own layout."""
+        return nnx.split(self._runner.model)[1]
+
+    def prepare(self, params: Any) -> list[jax.Array]:
+        """New leaves for the engine, checked against the current ones (raises on mismatch)."""
+        current = self.engine_state()
+        if _same_structure(params, current):
+            candidate = params
+        else:
+            candidate = self._from_tunix(params, current)
+        return _checked_leaves(candidate, current)
+
+    def swap(self, leaves: list[jax.Array]) -> None:
+        current = self.engine_state()
+        treedef = jax.tree_util.tree_structure(current)
+        nnx.update(self._runner.model, jax.tree_util.tree_unflatten(treedef, leaves))
+        self._runner.model_state_leaves = list(leaves)
+
+    def _from_tunix(self, params: Any, current: nnx.State) -> Any:
+        family = TUNIX_FAMILIES.get(self._model_type)
+        if family is None:
+            raise ValueError(
+                f"update_params: no tunix mapping for model_type {self._model_type!r}; "
+                f"pass the engine's own layout (supported tunix families: "
+                f"{sorted(TUNIX_FAMILIES)})"
+            )
+        from tunix.generate import mappings
+        from tunix.generate import utils as tunix_utils
+        from tunix.rl import reshard
+
+        table = importlib.import_module(f"tunix.models.{family}.mapping_sglang_jax")
+        config = mappings.MappingConfig.build(mapping_obj=table.SGLANG_JAX_MAPPING)
+        model_config = self._runner.model_config
+        try:
+            return tunix_utils.transfer_state_with_mappings(
+                src_state=params,
+                dst_state=current,
+                key_mappings=config.to_hf_mappings,
+                key_mapping_hook_fns=config.to_hf_hook_fns,
+                transpose_keys=config.to_hf_transpose_keys,
+                reshard_fn=reshard.reshard_pytree,
+                rollout_engine="sglang_jax",
+                num_kv_heads=model_config.get_total_num_kv_heads(),
+                head_dim=model_config.head_dim,
+            )
+        except Exception as err:  # tunix raises several types; name the stage for the user
+            raise ValueError(f"update_params: mapping the tunix state failed: {err}") from err
+
+
+def _same_structure(params: Any, current: nnx.State) -> bool:
+    try:
+        return jax.tree_util.tree_structure(params) == jax.tree_util.tree_structure(current)
+    except Exception:
+        return False
+
+
+def _checked_leaves(candidate: Any, current: nnx.State) -> list[jax.Array]:
+    old = jax.tree_util.tree_flatten_with_path(current)[0]
+    try:
+        new = jax.tree_util.tree_flatten_with_path(candidate)[0]
+    except Exception as err:
+        raise ValueError(f"update_params: cannot read the new parameters: {err}") from err
+    if len(new) != len(old):
+        raise ValueError(
+            f"update_params: expected {len(old)} parameters in the engine layout, got {len(new)}"
+        )
+    leaves = []
+    for (path, old_leaf), (new_path, new_leaf) in zip(old, new, strict=True):
+        name = jax.tree_util.keystr(path)
+        if jax.tree_util.keystr(new_path) != name:
+            raise ValueError(
+                f"update_params: parameter {jax.tree_util.keystr(new_path)} found where the "
+                f"engine has {name}"
+            )
+        if not hasattr(new_leaf, "shape") or tuple(new_leaf.shape) != tuple(old_leaf.shape):
+            raise ValueError(
+                f"update_params: parameter {name} has shape "
+                f"{getattr(new_leaf, 'shape', type(new_leaf).__name__)}, the engine expects "
+                f"{tuple(old_leaf.shape)}"
+            )
+        if new_leaf.dtype != old_leaf.dtype:
+            new_leaf = new_leaf.astype(old_leaf.dtype)
+        if getattr(new_leaf, "sharding", None) != old_leaf.sharding:
+            new_leaf = jax.device_put(new_leaf, old_leaf.sharding)
+        leaves.append(new_leaf)
+    return leaves
