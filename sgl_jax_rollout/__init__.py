@@ -1,4 +1,4 @@
-"""sgl-jax-rollout, engine side: the jitted sampler, the tiny model, the CLI.
+"""sgl-jax-rollout, engine side: the jitted sampler, the engine, the rollout, the tiny model, CLI.
 
 Heavy modules (jax) load on first use, so `import sgl_jax_rollout` stays cheap and the CLI
 can report a missing dependency cleanly. Must not import `tunix_adapter`.
@@ -13,6 +13,9 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "SamplingOptions": "sgl_jax_rollout.sampling.options",
+    "EngineSettings": "sgl_jax_rollout.engine.settings",
+    "SglangJaxRollout": "sgl_jax_rollout.rollout",
+    "RolloutOutputWithEntropy": "sgl_jax_rollout.rollout",
 }
 
 

@@ -1,4 +1,6 @@
-"""Markers: `engine` tests need sgl_jax importable, `tpu` tests need a TPU; both skip otherwise."""
+"""Markers (`engine` tests need sgl_jax importable, `tpu` tests need a TPU; both skip otherwise)
+and the engine tests' shared fixtures: one tiny model, one trainer model, one rollout for the
+whole session (starting an engine compiles for about a minute on CPU)."""
 
 from __future__ import annotations
 
@@ -23,3 +25,53 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="sgl_jax is not installed"))
         if "tpu" in item.keywords and not _has_tpu():
             item.add_marker(pytest.mark.skip(reason="no TPU present"))
+
+
+TEST_SETTINGS = dict(
+    max_running_requests=16,
+    precompile_bs_paddings=(1, 4, 16),
+    precompile_token_paddings=(256, 1024),
+    max_prefill_tokens=1024,
+    context_length=512,
+    max_total_tokens=16384,
+)
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory):
+    from sgl_jax_rollout.tiny_model import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "qwen3")
+
+
+@pytest.fixture(scope="session")
+def trainer(tiny_dir):
+    from tunix_adapter.models import load_tunix_model
+
+    return load_tunix_model(tiny_dir)
+
+
+@pytest.fixture(scope="session")
+def rollout(tiny_dir):
+    if importlib.util.find_spec("sgl_jax") is None:
+        pytest.skip("sgl_jax is not installed")
+    from sgl_jax_rollout.rollout import SglangJaxRollout
+
+    worker = SglangJaxRollout(model_path=tiny_dir, engine_settings=TEST_SETTINGS)
+    yield worker
+    worker.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def stores_empty_after(request):
+    """Every engine test ends with no per-request state left in the engine."""
+    yield
+    if "rollout" in request.fixturenames:
+        worker = request.getfixturevalue("rollout")
+        if worker.engine._engine is not None:
+            assert worker.engine.store_sizes() == {
+                "specs": 0,
+                "records": 0,
+                "completions": 0,
+                "step_rows": 0,
+            }

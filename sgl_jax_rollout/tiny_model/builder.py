@@ -14,6 +14,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -186,3 +189,22 @@ def _save_tokenizer(tokenizer, out: Path) -> None:
 
 def _write_json(path: Path, data: dict) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def default_model_dir() -> Path:
+    """The built-in qwen3 tiny model (seed 0), built on first use in the user cache.
+
+    `$SGL_JAX_ROLLOUT_CACHE` overrides the cache root (default `~/.cache/sgl-jax-rollout`).
+    The files are deterministic, so an existing complete directory is reused as is.
+    """
+    root = Path(os.environ.get("SGL_JAX_ROLLOUT_CACHE", Path.home() / ".cache" / "sgl-jax-rollout"))
+    out = root / "tiny-qwen3-seed0"
+    if not (out / "model.safetensors").is_file():
+        staging = Path(tempfile.mkdtemp(prefix="tiny-", dir=root if root.exists() else None))
+        make_tiny_model(staging)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            staging.rename(out)
+        except OSError:  # another process finished first: its files are identical
+            shutil.rmtree(staging, ignore_errors=True)
+    return out

@@ -1,0 +1,245 @@
+"""`SglangJaxRollout`: tunix's `BaseRollout` on the in-process sgl-jax engine.
+
+A thin adapter, like tunix's `VanillaRollout`: it turns prompts and `RolloutConfig` into
+engine requests (`rollout_inputs` holds the rules) and engine completions into a
+`RolloutOutput` with `entropy` added, aligned as DESIGN.md section 4 says. Engine mechanics
+live in `sgl_jax_rollout.engine`, sampling math in `sgl_jax_rollout.sampling`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float, Int
+
+from sgl_jax_rollout import rollout_inputs as inputs
+from sgl_jax_rollout.engine.rows import RequestSpec
+from sgl_jax_rollout.engine.settings import EngineSettings
+from sgl_jax_rollout.sampling.options import SamplingOptions
+from sgl_jax_rollout.tunix_compat import (
+    BaseRollout,
+    RolloutConfig,
+    RolloutOutput,
+    TokenizerAdapter,
+)
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class RolloutOutputWithEntropy(RolloutOutput):
+    """tunix's `RolloutOutput` plus the per-token entropy of each sample (None if not asked)."""
+
+    entropy: list[np.ndarray] | None = None
+
+
+class SglangJaxRollout(BaseRollout):
+    """Rollout worker on sgl-jax with our sampler: tokens, logprobs and entropy per token.
+
+    Built by tunix's cluster as `rollout_engine(rollout_actor=, tokenizer=, mesh=,
+    rollout_config=)` (pass our own options through `functools.partial`):
+    - model_path: HF-style model directory (default: the built-in tiny model);
+    - engine_settings: `EngineSettings` or a dict of its fields;
+    - sampling: `SamplingOptions` or a dict; defaults for fields `RolloutConfig` lacks
+      (repetition / frequency / presence penalty, min_p, entropy settings...), on top of the
+      model's generation_config.json;
+    - sync_actor_weights: load `rollout_actor`'s weights into the engine at start, so the
+      engine serves exactly the trainer's parameters.
+    With a `mesh`, the engine uses its devices (`tp_size` = device count).
+    """
+
+    def __init__(
+        self,
+        rollout_actor: Any = None,
+        tokenizer: Any = None,
+        mesh: Any = None,
+        rollout_config: RolloutConfig | None = None,
+        *,
+        model_path: str | Path | None = None,
+        engine_settings: EngineSettings | Mapping[str, Any] | None = None,
+        sampling: SamplingOptions | Mapping[str, Any] | None = None,
+        sync_actor_weights: bool = True,
+        seed: int = 0,
+    ) -> None:
+        from sgl_jax_rollout.engine.engine import RolloutEngine
+        from sgl_jax_rollout.tiny_model import default_model_dir
+
+        model_path = Path(model_path) if model_path is not None else default_model_dir()
+        settings = _settings(engine_settings, mesh)
+        defaults = inputs.default_options(model_path)
+        if isinstance(sampling, SamplingOptions):
+            defaults = sampling
+        elif sampling is not None:
+            defaults = defaults.replace(**dict(sampling))
+        self._defaults = defaults
+        self._rollout_config = rollout_config
+        self._actor = rollout_actor
+        self._fresh_seeds = np.random.default_rng(seed)
+        self._engine = RolloutEngine(model_path, settings)
+        self._tokenizer = TokenizerAdapter(tokenizer or self._engine.tokenizer)
+        self._model_eos = inputs.eos_ids(model_path, self._tokenizer.eos_id())
+        self._model_path = model_path
+        if rollout_actor is not None and sync_actor_weights:
+            from flax import nnx
+
+            self.update_params(nnx.state(rollout_actor, nnx.Param))
+
+    @property
+    def engine(self):
+        return self._engine
+
+    def get_default_sampling_params(self) -> SamplingOptions:
+        """Options from the model's generation_config.json (library defaults where absent)."""
+        return inputs.default_options(self._model_path)
+
+    def generate(
+        self,
+        prompts: list[str],
+        rollout_config: RolloutConfig,
+        **kwargs: Any,
+    ) -> RolloutOutputWithEntropy:
+        """Samples completions; `kwargs` override any `SamplingOptions` field for this call."""
+        if isinstance(prompts, str) or not isinstance(prompts, Sequence):
+            raise ValueError(f"prompts must be a list of strings, got {type(prompts).__name__}")
+        if not prompts:
+            raise ValueError("prompts must not be empty")
+        bad = [i for i, p in enumerate(prompts) if not isinstance(p, str)]
+        if bad:
+            raise ValueError(f"prompts must be strings; not at index(es) {bad[:10]}")
+        options = inputs.options_for_call(self._defaults, rollout_config, kwargs)
+        options.validate_for_vocab(self._engine.vocab_size)
+        max_new = rollout_config.max_tokens_to_generate
+        max_prompt = rollout_config.max_prompt_length
+        if not isinstance(max_new, int) or max_new < 1:
+            raise ValueError(f"max_tokens_to_generate must be an integer >= 1, got {max_new!r}")
+        if not isinstance(max_prompt, int) or max_prompt < 1:
+            raise ValueError(f"max_prompt_length must be an integer >= 1, got {max_prompt!r}")
+        context = self._engine.settings.context_length
+        if max_prompt + max_new > context:
+            raise ValueError(
+                f"max_prompt_length + max_tokens_to_generate ({max_prompt} + {max_new}) must "
+                f"be <= the engine's context_length ({context})"
+            )
+        n = options.n
+        seeds = inputs.sample_seeds(rollout_config.seed, len(prompts), n, self._fresh_seeds)
+
+        prompt_ids = [self._prompt_ids(p, max_prompt, i) for i, p in enumerate(prompts)]
+        eos = [int(t) for t in rollout_config.eos_tokens or []]
+        if options.ignore_eos and (eos or options.stop_token_ids):
+            raise ValueError(
+                "ignore_eos=True cannot be combined with stop_token_ids or eos_tokens: the "
+                "pinned sgl-jax ignores every stop id when ignore_eos is set"
+            )
+        # eos_tokens stop generation in addition to the model's EOS ids.
+        stop_ids = list(options.stop_token_ids) + eos
+        hold_back = [] if options.ignore_eos else stop_ids + self._model_eos
+        single = options.replace(n=1)
+        specs, rows = [], []
+        for i, ids in enumerate(prompt_ids):
+            for j in range(n):
+                specs.append(
+                    RequestSpec(single.replace(seed=seeds[i * n + j]), stop_ids=tuple(hold_back))
+                )
+                rows.append(ids)
+        completions = self._engine.generate(
+            rows,
+            specs,
+            max_new_tokens=max_new,
+            stop=[options.stop] * len(rows),
+            stop_token_ids=[stop_ids] * len(rows),
+            ignore_eos=[options.ignore_eos] * len(rows),
+        )
+        tokens = [np.asarray(c.tokens, np.int32) for c in completions]
+        stops = set(hold_back)
+        return RolloutOutputWithEntropy(
+            text=[
+                self._tokenizer.decode([t for t in c.tokens if t not in stops]) for c in completions
+            ],
+            logits=None,
+            tokens=tokens,
+            left_padded_prompt_tokens=inputs.left_pad(rows, max_prompt, self.pad_id()),
+            logprobs=(
+                [np.asarray(c.logprobs, np.float32) for c in completions]
+                if options.return_logprobs
+                else None
+            ),
+            entropy=(
+                [np.asarray(c.entropy, np.float32) for c in completions]
+                if options.return_entropy
+                else None
+            ),
+        )
+
+    def _prompt_ids(self, text: str, max_length: int, index: int) -> list[int]:
+        ids = self._tokenizer.encode(text)
+        bos = [self._tokenizer.bos_id()] if self._tokenizer.bos_id() else []
+        ids = self._tokenizer.dedup_bos_ids(bos + list(ids))
+        ids, dropped = inputs.truncate_left(ids, max_length)
+        if dropped:
+            logger.warning(
+                "prompt %d has %d tokens; dropped the first %d (max_prompt_length=%d)",
+                index,
+                len(ids) + dropped,
+                dropped,
+                max_length,
+            )
+        return ids
+
+    def get_per_token_logps(
+        self,
+        prompt_tokens: Int[Array, "batch prompt_len"],
+        completion_tokens: Int[Array, "batch completion_len"],
+    ) -> Float[Array, "batch completion_len"]:
+        """Logprobs of the completion tokens under the engine's current weights (prefill only).
+
+        Prompts are left-padded, completions right-padded with `pad_id`; a completion ends at
+        its first EOS (kept). Positions past the end are 0.
+        """
+        prompt_tokens = np.asarray(prompt_tokens)
+        completion_tokens = np.asarray(completion_tokens)
+        if prompt_tokens.ndim != 2 or completion_tokens.ndim != 2:
+            raise ValueError("prompt_tokens and completion_tokens must be 2-D [batch, length]")
+        if prompt_tokens.shape[0] != completion_tokens.shape[0]:
+            raise ValueError(
+                f"batch sizes differ: {prompt_tokens.shape[0]} prompts, "
+                f"{completion_tokens.shape[0]} completions"
+            )
+        prompts = inputs.prompt_rows(prompt_tokens, self.pad_id())
+        completions = inputs.completion_rows(completion_tokens, self.pad_id(), self.eos_id())
+        scores = self._engine.score(prompts, completions)
+        return jnp.asarray(inputs.right_pad_values(scores, completion_tokens.shape[1]))
+
+    def update_params(self, params: Any, filter_types: tuple[Any, ...] | None = None) -> None:
+        """Swaps in new weights (tunix nnx state or engine layout); see `engine.weights`."""
+        del filter_types  # the cluster already filtered the state it passes
+        self._engine.update_weights(params)
+
+    def pad_id(self) -> int:
+        return self._tokenizer.pad_id()
+
+    def eos_id(self) -> int:
+        return self._tokenizer.eos_id()
+
+    def model(self) -> Any:
+        """The tunix model the cluster passed in (the engine holds its own copy of weights)."""
+        return self._actor
+
+    def shutdown(self) -> None:
+        self._engine.shutdown()
+
+
+def _settings(settings: EngineSettings | Mapping[str, Any] | None, mesh: Any) -> EngineSettings:
+    if settings is None:
+        settings = EngineSettings()
+    elif not isinstance(settings, EngineSettings):
+        settings = EngineSettings().replace(**dict(settings))
+    if mesh is None:
+        return settings
+    devices = [int(d.id) for d in np.asarray(mesh.devices).reshape(-1)]
+    return settings.replace(tp_size=len(devices), device_indexes=tuple(devices))

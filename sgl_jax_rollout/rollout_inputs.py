@@ -1,0 +1,174 @@
+"""Translation between tunix's rollout vocabulary and ours, and the padding the trainer expects.
+
+Owns the host-side rules of `SglangJaxRollout`, kept apart so they are tested without an
+engine: `RolloutConfig` + per-call overrides -> `SamplingOptions`; per-sample seeds (`n`
+samples of a prompt are adjacent; an int seed gives every row its own stream, a list gives
+one seed per prompt); prompt left truncation and left padding; completion lengths inside
+padded arrays (DESIGN.md section 4); `generation_config.json` -> default options.
+
+Imports neither sgl_jax nor tunix (a `RolloutConfig` is read by attribute).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from jaxtyping import Float, Int
+
+from sgl_jax_rollout.sampling.options import SamplingOptions
+
+logger = logging.getLogger(__name__)
+
+MAX_SEED = 2**63 - 1
+
+
+def options_for_call(
+    defaults: SamplingOptions, rollout_config: Any, overrides: Mapping[str, Any]
+) -> SamplingOptions:
+    """Options of one `generate` call: defaults, then RolloutConfig fields, then overrides.
+
+    RolloutConfig's `top_p=None` and `top_k=None` (or 0) mean disabled. `seed` is handled per
+    sample (`sample_seeds`), so it is not taken here.
+    """
+    if "seed" in overrides:
+        raise ValueError("pass seed through rollout_config.seed (int or one per prompt)")
+    top_p = rollout_config.top_p
+    top_k = rollout_config.top_k
+    options = defaults.replace(
+        temperature=rollout_config.temperature,
+        top_p=1.0 if top_p is None else top_p,
+        top_k=-1 if top_k in (None, 0) else top_k,
+        return_logprobs=bool(getattr(rollout_config, "return_logprobs", True)),
+        seed=None,
+    )
+    return options.replace(**dict(overrides))
+
+
+def sample_seeds(seed: Any, num_prompts: int, n: int, fresh: np.random.Generator) -> list[int]:
+    """One seed per sample, prompt-major (`[p0s0, p0s1, ..., p1s0, ...]`).
+
+    - None: fresh seeds drawn from `fresh` (the rollout's own generator).
+    - int: row r (= prompt * n + sample) gets a seed derived from (seed, r), so repeated
+      prompts (how GRPO builds groups) still get different samples.
+    - one value per prompt: sample 0 of prompt i uses seed[i] itself, sample j > 0 a seed
+      derived from (seed[i], j); the same per-prompt seed reproduces its samples.
+    """
+    rows = num_prompts * n
+    if seed is None:
+        return [int(s) for s in fresh.integers(0, MAX_SEED, size=rows)]
+    values = np.asarray(seed)
+    if values.ndim == 0:
+        base = _as_seed(values.item(), "seed")
+        return [_derive(base, r) for r in range(rows)]
+    flat = [_as_seed(v, "seed") for v in values.reshape(-1).tolist()]
+    if len(flat) != num_prompts:
+        raise ValueError(
+            f"seed must be an int or one value per prompt ({num_prompts}), got {len(flat)}"
+        )
+    return [s if j == 0 else _derive(s, j) for s in flat for j in range(n)]
+
+
+def _as_seed(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 0:
+        raise ValueError(f"{name} must hold integers >= 0, got {value!r}")
+    return int(value) % (MAX_SEED + 1)
+
+
+def _derive(seed: int, index: int) -> int:
+    state = np.random.SeedSequence([seed, index]).generate_state(2, np.uint32)
+    return int((int(state[0]) << 31) ^ int(state[1])) % (MAX_SEED + 1)
+
+
+def truncate_left(ids: Sequence[int], max_length: int) -> tuple[list[int], int]:
+    """Keeps the last `max_length` ids; returns them and how many were dropped."""
+    ids = list(ids)
+    dropped = max(0, len(ids) - max_length)
+    return ids[dropped:], dropped
+
+
+def left_pad(rows: Sequence[Sequence[int]], width: int, pad_id: int) -> Int[np.ndarray, "b w"]:
+    out = np.full((len(rows), width), pad_id, np.int32)
+    for i, r in enumerate(rows):
+        if len(r) > width:
+            raise ValueError(f"row {i} has {len(r)} tokens, more than the padded width {width}")
+        if len(r):
+            out[i, width - len(r) :] = r
+    return out
+
+
+def prompt_rows(prompt_tokens: Int[np.ndarray, "b p"], pad_id: int) -> list[list[int]]:
+    """Prompts of a left-padded array: the ids after the leading pad run."""
+    rows = []
+    for row in np.asarray(prompt_tokens):
+        keep = np.flatnonzero(row != pad_id)
+        rows.append(row[keep[0] :].tolist() if keep.size else [])
+    return rows
+
+
+def completion_rows(
+    completion_tokens: Int[np.ndarray, "b c"], pad_id: int, eos_id: int
+) -> list[list[int]]:
+    """Completions of a right-padded array: through the first EOS, else up to the first pad."""
+    rows = []
+    for row in np.asarray(completion_tokens).tolist():
+        end = len(row)
+        if eos_id in row:
+            end = row.index(eos_id) + 1
+        elif pad_id in row:
+            end = row.index(pad_id)
+        rows.append(row[:end])
+    return rows
+
+
+def right_pad_values(rows: Sequence[np.ndarray], width: int) -> Float[np.ndarray, "b w"]:
+    out = np.zeros((len(rows), width), np.float32)
+    for i, r in enumerate(rows):
+        out[i, : min(len(r), width)] = np.asarray(r, np.float32)[:width]
+    return out
+
+
+GENERATION_FIELDS = {
+    "temperature": "temperature",
+    "top_k": "top_k",
+    "top_p": "top_p",
+    "min_p": "min_p",
+    "repetition_penalty": "repetition_penalty",
+}
+
+
+def default_options(model_path: str | Path) -> SamplingOptions:
+    """`SamplingOptions` from the model's generation_config.json (defaults where absent).
+
+    `do_sample: false` means greedy (temperature 0); `top_k: 0` means disabled.
+    """
+    path = Path(model_path) / "generation_config.json"
+    if not path.is_file():
+        return SamplingOptions()
+    config = json.loads(path.read_text())
+    values = {ours: config[hf] for hf, ours in GENERATION_FIELDS.items() if hf in config}
+    if values.get("top_k") == 0:
+        values["top_k"] = -1
+    if config.get("do_sample") is False:
+        values["temperature"] = 0.0
+    try:
+        return SamplingOptions(**values)
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from err
+
+
+def eos_ids(model_path: str | Path, tokenizer_eos: int | None) -> list[int]:
+    """EOS ids of the model: generation_config.json's `eos_token_id` (int or list), else the
+    tokenizer's."""
+    path = Path(model_path) / "generation_config.json"
+    ids: list[int] = []
+    if path.is_file():
+        value = json.loads(path.read_text()).get("eos_token_id")
+        ids = [value] if isinstance(value, int) else list(value or [])
+    if not ids and tokenizer_eos is not None:
+        ids = [tokenizer_eos]
+    return ids

@@ -1,0 +1,116 @@
+"""The per-request stores, driven by `FakeReq`: a test double of sgl-jax's `Req` holding only
+the attributes the collector reads. The collector is our code; the engine is not faked here
+(the engine-marked tests in tests/test_rollout.py drive the real one)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from sgl_jax_rollout.engine.collector import Collector, StepValues
+from sgl_jax_rollout.engine.rows import RequestSpec
+from sgl_jax_rollout.sampling.options import SamplingOptions
+
+
+@dataclasses.dataclass(eq=False)
+class FakeReq:
+    rid: str
+    output_ids: list[int] = dataclasses.field(default_factory=list)
+    finished_len: int | None = None
+    finished_reason: object = None
+
+    @property
+    def output_ids_through_stop(self):
+        return (
+            self.output_ids if self.finished_len is None else self.output_ids[: self.finished_len]
+        )
+
+    def finished(self):
+        return self.finished_reason is not None
+
+
+class Reason:
+    def to_json(self):
+        return {"type": "stop"}
+
+
+def step(collector, reqs, tokens, logprobs, entropy):
+    for req, tok in zip(reqs, tokens, strict=True):
+        if tok is not None:
+            req.output_ids.append(tok)
+    collector.stash_step(reqs, StepValues(np.asarray(logprobs), np.asarray(entropy)))
+    collector.record(reqs)
+    collector.end_step()
+
+
+def spec(**kw):
+    return RequestSpec(SamplingOptions(seed=0, **kw))
+
+
+def empty(collector):
+    return all(v == 0 for v in collector.sizes().values())
+
+
+def test_values_follow_their_request_row_and_end_at_the_stop_token():
+    c = Collector()
+    a, b = FakeReq("a"), FakeReq("b")
+    c.register("a", spec())
+    c.register("b", spec())
+    step(c, [a, b], [5, 6], [-1.0, -2.0], [0.1, 0.2])
+    step(c, [b, a], [7, 8], [-3.0, -4.0], [0.3, 0.4])  # rows reordered between steps
+    a.finished_len, a.finished_reason = 2, Reason()
+    step(c, [a, b], [9, None], [-5.0, -6.0], [0.5, 0.6])  # a: extra token past its stop
+    done = c.take("a")
+    assert done.tokens == [5, 8] and done.logprobs == [-1.0, -4.0] and done.entropy == [0.1, 0.4]
+    assert done.finish_reason == {"type": "stop"} and done.error is None
+    b.finished_reason = Reason()
+    step(c, [b], [None], [0.0], [0.0])
+    assert c.take("b").tokens == [6, 7]
+    assert empty(c)
+
+
+def test_unregistered_requests_are_ignored():
+    c = Collector()
+    other = FakeReq("x")
+    step(c, [other], [3], [-1.0], [0.5])
+    assert empty(c)
+
+
+def test_two_new_tokens_in_one_step_mark_the_request_as_broken():
+    c = Collector()
+    r = FakeReq("r")
+    c.register("r", spec())
+    r.output_ids += [1]
+    step(c, [r], [2], [-1.0], [0.0])
+    r.finished_reason = Reason()
+    step(c, [r], [None], [0.0], [0.0])
+    assert "2 new token(s)" in c.take("r").error
+
+
+def test_take_without_completion_raises_and_forget_clears_everything():
+    c = Collector()
+    c.register("r", spec())
+    with pytest.raises(RuntimeError, match="without a recorded completion"):
+        c.take("r")
+    c.register("s", spec())
+    c.forget(["s"])
+    assert empty(c)
+
+
+def test_a_request_id_cannot_be_registered_twice():
+    c = Collector()
+    c.register("r", spec())
+    with pytest.raises(ValueError, match="already in use"):
+        c.register("r", spec())
+
+
+def test_values_not_asked_for_are_none():
+    c = Collector()
+    r = FakeReq("r")
+    c.register("r", spec(return_logprobs=False, return_entropy=False))
+    r.finished_reason = Reason()
+    step(c, [r], [4], [-1.0], [0.3])
+    done = c.take("r")
+    assert done.tokens == [4] and done.logprobs is None and done.entropy is None

@@ -1,0 +1,89 @@
+"""Per-step rows for the engine's sampler: padding, buckets, modes, keys."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from sgl_jax_rollout.engine.rows import (
+    MIN_TOKEN_WIDTH,
+    RequestSpec,
+    bucket,
+    build_rows,
+    sampler_config,
+)
+from sgl_jax_rollout.sampling.batch import NO_TOKEN, row_key, step_keys
+from sgl_jax_rollout.sampling.options import SamplingOptions
+
+
+def spec(**kw) -> RequestSpec:
+    kw.setdefault("seed", 1)
+    stop = kw.pop("stop_ids", ())
+    return RequestSpec(SamplingOptions(**kw), stop_ids=stop)
+
+
+def test_request_spec_requires_a_seed_and_one_sample():
+    with pytest.raises(ValueError, match="seed"):
+        RequestSpec(SamplingOptions())
+    with pytest.raises(ValueError, match="expand n"):
+        RequestSpec(SamplingOptions(seed=1, n=2))
+
+
+def test_bucket_is_the_next_power_of_two_above_the_minimum():
+    assert [bucket(n, 64) for n in (0, 1, 64, 65, 200)] == [64, 64, 64, 128, 256]
+
+
+def test_rows_without_penalties_are_padded_greedy_and_carry_base_keys():
+    specs = [spec(temperature=0.5, top_k=3, seed=5), spec(top_p=0.8, min_p=0.1, seed=9)]
+    config = sampler_config(specs, valid_vocab_size=None)
+    assert not config.penalties
+    rows = build_rows(specs, [[1, 2], [3]], [[], [7, 8, 9]], padded_rows=4, config=config)
+    np.testing.assert_array_equal(rows.temperature, [0.5, 1.0, 0.0, 0.0])
+    np.testing.assert_array_equal(rows.top_k, [3, -1, -1, -1])
+    np.testing.assert_allclose(rows.top_p, [1.0, 0.8, 1.0, 1.0])
+    np.testing.assert_allclose(rows.min_p, [0.0, 0.1, 0.0, 0.0])
+    np.testing.assert_array_equal(rows.num_generated, [0, 3, 0, 0])
+    assert rows.prompt_ids is None and rows.output_ids is None
+    keys = np.asarray(step_keys(jnp.asarray(rows.keys), jnp.asarray(rows.num_generated)))
+    np.testing.assert_array_equal(keys[0], row_key(5, 0))
+    np.testing.assert_array_equal(keys[1], row_key(9, 3))
+
+
+def test_rows_with_penalties_pad_token_ids_to_width_buckets():
+    specs = [spec(repetition_penalty=1.2), spec(min_new_tokens=2, stop_ids=(2, 5))]
+    config = sampler_config(specs, valid_vocab_size=1000)
+    assert config.penalties and config.valid_vocab_size == 1000
+    prompt = list(range(70))
+    rows = build_rows(specs, [prompt, [4]], [[9], []], padded_rows=4, config=config)
+    assert rows.prompt_ids.shape == (4, 128)
+    assert rows.output_ids.shape == (4, MIN_TOKEN_WIDTH)
+    assert rows.stop_token_ids.shape == (4, 8)
+    np.testing.assert_array_equal(rows.prompt_ids[0, :70], prompt)
+    assert (rows.prompt_ids[0, 70:] == NO_TOKEN).all() and (rows.prompt_ids[2:] == NO_TOKEN).all()
+    np.testing.assert_array_equal(rows.stop_token_ids[1, :2], [2, 5])
+    assert rows.min_new_tokens.tolist() == [0, 2, 0, 0]
+
+
+def test_min_new_tokens_without_stop_ids_needs_no_penalty_pass():
+    assert not spec(min_new_tokens=3).needs_penalties
+    assert spec(min_new_tokens=3, stop_ids=(2,)).needs_penalties
+    assert spec(presence_penalty=0.5).needs_penalties
+
+
+def test_one_batch_must_share_output_modes():
+    with pytest.raises(ValueError, match="share their output modes"):
+        sampler_config([spec(), spec(logprobs_mode="raw")], None)
+    config = sampler_config([spec(entropy_top_k=8, top_logprobs=2)] * 2, None)
+    assert (config.entropy_top_k, config.top_logprobs) == (8, 2)
+
+
+def test_empty_batch_uses_the_default_config():
+    config = sampler_config([], valid_vocab_size=None)
+    assert config == sampler_config([spec()], None).__class__(penalties=False)
+
+
+def test_more_requests_than_padded_rows_raise():
+    config = sampler_config([], None)
+    with pytest.raises(ValueError, match="do not fit"):
+        build_rows([spec(), spec()], [[1], [1]], [[], []], padded_rows=1, config=config)

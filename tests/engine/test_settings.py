@@ -1,0 +1,44 @@
+"""Engine settings: validation before anything starts, and the forced sgl-jax arguments."""
+
+from __future__ import annotations
+
+import pytest
+
+from sgl_jax_rollout.engine.settings import FORCED, EngineSettings
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        (dict(dtype="int8"), "dtype"),
+        (dict(page_size=0), "page_size"),
+        (dict(context_length=8), "context_length"),
+        (dict(precompile_bs_paddings=(4, 1)), "precompile_bs_paddings"),
+        (dict(precompile_bs_paddings=(1, 4), max_running_requests=8), "max_running_requests"),
+        (dict(precompile_token_paddings=(0, 16)), "precompile_token_paddings"),
+        (dict(mem_fraction_static=0.5), "exactly one"),
+        (dict(mem_fraction_static=1.2, max_total_tokens=None), "mem_fraction_static"),
+        (dict(max_total_tokens=100), "max_total_tokens"),
+        (dict(chunked_prefill_size=0), "chunked_prefill_size"),
+        (dict(tp_size=4, dp_size=3), "dp_size"),
+        (dict(tp_size=2, device_indexes=(0, 0)), "device_indexes"),
+        (dict(extra={"disable_overlap_schedule": False}), "extra"),
+        (dict(max_prefill_tokens=10), "max_prefill_tokens"),
+    ],
+)
+def test_bad_settings_name_the_field(changes, field):
+    with pytest.raises(ValueError, match=field):
+        EngineSettings(**changes)
+
+
+def test_server_args_force_single_process_and_no_overlap():
+    args = EngineSettings(extra={"attention_backend": "native"}).server_args("/m", "cpu")
+    for name, value in FORCED.items():
+        assert args[name] == value
+    assert args["model_path"] == "/m" and args["device"] == "cpu"
+    assert args["attention_backend"] == "native"
+
+
+def test_replace_rejects_unknown_settings():
+    with pytest.raises(ValueError, match="unknown engine setting"):
+        EngineSettings().replace(pagesize=2)

@@ -1,0 +1,326 @@
+"""SglangJaxRollout on the built-in tiny model, against tunix's trainer-side numbers."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from sgl_jax_rollout.tunix_compat import RolloutConfig
+from sgl_jax_rollout.utils.compiles import count_compiles
+
+pytestmark = pytest.mark.engine
+
+PROMPTS = [
+    "the quick brown fox",
+    "<think> a short thought",
+    "héllo wörld, naïve café ✓",
+    "1 2 3 4 5 6 7 8",
+]
+
+
+def config(**changes) -> RolloutConfig:
+    base = dict(
+        max_tokens_to_generate=24,
+        max_prompt_length=32,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=None,
+        seed=7,
+        return_logprobs=True,
+    )
+    base.update(changes)
+    return RolloutConfig(**base)
+
+
+def padded(out, rollout, width):
+    completions = np.full((len(out.tokens), width), rollout.pad_id(), np.int32)
+    for i, t in enumerate(out.tokens):
+        completions[i, : len(t)] = t
+    return jnp.asarray(out.left_padded_prompt_tokens), jnp.asarray(completions)
+
+
+def comparable(tokens: np.ndarray, pad_id: int) -> int:
+    """Positions tunix's trainer scores as real tokens: it treats a sampled pad id as padding
+    (the random tiny model can sample it), so compare up to the first one."""
+    hits = np.flatnonzero(np.asarray(tokens) == pad_id)
+    return int(hits[0]) if hits.size else len(tokens)
+
+
+def trainer_logps(trainer, rollout, prompts, completions, return_logits=False):
+    from tunix.rl.common import compute_per_token_logps
+
+    graphdef, state = nnx.split(trainer)
+    out = compute_per_token_logps(
+        graphdef,
+        state,
+        prompts,
+        completions,
+        pad_id=rollout.pad_id(),
+        eos_id=rollout.eos_id(),
+        return_logits=return_logits,
+    )
+    return out if return_logits else (out,)
+
+
+def test_processed_logprobs_equal_tunix_trainer_recomputation(rollout, trainer):
+    out = rollout.generate(PROMPTS, config(max_tokens_to_generate=64))
+    width = 64
+    prompts, completions = padded(out, rollout, width)
+    reference = np.asarray(trainer_logps(trainer, rollout, prompts, completions)[0])
+    for i, lp in enumerate(out.logprobs):
+        assert len(lp) == len(out.tokens[i]) == len(out.entropy[i])
+        k = comparable(out.tokens[i], rollout.pad_id())
+        assert k >= 8
+        np.testing.assert_allclose(lp[:k], reference[i, :k], atol=1e-4, rtol=0)
+
+
+def test_get_per_token_logps_equals_trainer_on_given_completions(rollout, trainer):
+    rng = np.random.default_rng(0)
+    prompts = jnp.asarray(
+        [[rollout.pad_id()] * 3 + list(rng.integers(10, 900, 5)), list(rng.integers(10, 900, 8))]
+    )
+    completions = rng.integers(10, 900, (2, 12)).astype(np.int32)
+    completions[0, 9:] = rollout.pad_id()
+    completions[1, 5] = rollout.eos_id()
+    ours = np.asarray(rollout.get_per_token_logps(prompts, jnp.asarray(completions)))
+    reference = np.asarray(trainer_logps(trainer, rollout, prompts, jnp.asarray(completions))[0])
+    assert ours.shape == (2, 12)
+    np.testing.assert_allclose(ours[0, :9], reference[0, :9], atol=1e-4, rtol=0)
+    np.testing.assert_allclose(ours[1, :6], reference[1, :6], atol=1e-4, rtol=0)
+    assert not ours[0, 9:].any() and not ours[1, 6:].any()
+
+
+def test_raw_entropy_equals_numpy_reference_from_trainer_logits(rollout, trainer):
+    out = rollout.generate(PROMPTS, config(temperature=0.7, top_k=20, top_p=0.9))
+    prompts, completions = padded(out, rollout, 24)
+    _, logits = trainer_logps(trainer, rollout, prompts, completions, return_logits=True)
+    logits = np.asarray(logits, np.float64)
+    for i, ent in enumerate(out.entropy):
+        ent = ent[: comparable(out.tokens[i], rollout.pad_id())]
+        z = logits[i, : len(ent)]
+        z = z - z.max(-1, keepdims=True)
+        p = np.exp(z) / np.exp(z).sum(-1, keepdims=True)
+        expected = -(p * np.log(np.where(p > 0, p, 1))).sum(-1)
+        np.testing.assert_allclose(ent, expected, atol=1e-4, rtol=0)
+
+
+def test_greedy_tokens_equal_vanilla_rollout(rollout, trainer, tiny_dir):
+    from transformers import AutoTokenizer
+    from tunix.rl.rollout.base_rollout import CacheConfig
+    from tunix.rl.rollout.vanilla_rollout import VanillaRollout
+
+    cfg = trainer.config
+    vanilla = VanillaRollout(
+        trainer,
+        AutoTokenizer.from_pretrained(tiny_dir),
+        CacheConfig(
+            cache_size=256,
+            num_layers=cfg.num_layers,
+            num_kv_heads=cfg.num_kv_heads,
+            head_dim=cfg.head_dim,
+        ),
+    )
+    # tunix's sampler divides by the temperature, so its greedy is top_k=1 (ours is too).
+    rc = config(top_k=1, max_tokens_to_generate=20, eos_tokens=[rollout.eos_id()])
+    theirs = vanilla.generate(PROMPTS, rc)
+    ours = rollout.generate(PROMPTS, rc)
+    for mine, other in zip(ours.tokens, theirs.tokens, strict=True):
+        other = np.asarray(other).tolist()
+        assert mine.tolist() == other[: len(mine)]
+
+
+def repeated_rate(tokens: list[np.ndarray]) -> float:
+    repeats = sum(len(t) - len(set(t.tolist())) for t in tokens)
+    return repeats / sum(len(t) for t in tokens)
+
+
+def test_repetition_penalty_lowers_repeated_token_rate(rollout):
+    rc = config(max_tokens_to_generate=48, temperature=0.8, seed=[1, 2, 3, 4])
+    plain = rollout.generate(PROMPTS, rc, ignore_eos=True)
+    penalised = rollout.generate(PROMPTS, rc, ignore_eos=True, repetition_penalty=1.5)
+    assert repeated_rate(penalised.tokens) < repeated_rate(plain.tokens)
+
+
+def test_n_samples_are_adjacent_and_per_prompt_seeds_reproduce(rollout):
+    rc = config(seed=[11, 12, 13, 14])
+    first = rollout.generate(PROMPTS, rc, n=4)
+    again = rollout.generate(PROMPTS, rc, n=4)
+    assert len(first.tokens) == 16
+    assert first.left_padded_prompt_tokens.shape == (16, 32)
+    for p in range(4):
+        rows = first.left_padded_prompt_tokens[4 * p : 4 * p + 4]
+        assert (rows == rows[0]).all()
+        samples = {tuple(t.tolist()) for t in first.tokens[4 * p : 4 * p + 4]}
+        assert len(samples) > 1
+    for a, b in zip(first.tokens, again.tokens, strict=True):
+        assert a.tolist() == b.tolist()
+    # Sample 0 of a prompt with seed s is the same in any batch.
+    alone = rollout.generate(PROMPTS[2:3], config(seed=[13]))
+    assert alone.tokens[0].tolist() == first.tokens[8].tolist()
+
+
+def test_long_multibyte_completion_is_aligned_past_the_stream_chunk(rollout):
+    rc = config(max_tokens_to_generate=120, max_prompt_length=32, seed=3)
+    out = rollout.generate(["ü✓ naïve"] * 2, rc, ignore_eos=True)
+    for t, lp, ent in zip(out.tokens, out.logprobs, out.entropy, strict=True):
+        assert len(t) == len(lp) == len(ent) == 120
+    prompts, completions = padded(out, rollout, 120)
+    rescored = np.asarray(rollout.get_per_token_logps(prompts, completions))
+    np.testing.assert_allclose(rescored[:, :120], np.stack(out.logprobs), atol=1e-4)
+
+
+def test_stop_token_is_kept_with_one_value_per_token(rollout):
+    probe = rollout.generate(PROMPTS, config(temperature=0.0, max_tokens_to_generate=16))
+    stop = int(probe.tokens[0][5])
+    out = rollout.generate(
+        PROMPTS[:1], config(temperature=0.0, max_tokens_to_generate=16, eos_tokens=[stop])
+    )
+    tokens = out.tokens[0].tolist()
+    assert tokens[-1] == stop and tokens.index(stop) == len(tokens) - 1
+    assert len(out.logprobs[0]) == len(out.entropy[0]) == len(tokens)
+
+
+def test_changing_sampling_settings_does_not_recompile(rollout):
+    settings = [
+        dict(temperature=0.5, top_k=5),
+        dict(temperature=1.3, top_p=0.8),
+        dict(temperature=0.0),
+    ]
+    overrides = [dict(min_p=0.1), dict(), dict(min_p=0.0)]
+    for s, o in zip(settings, overrides, strict=True):  # warm every path once
+        rollout.generate(PROMPTS, config(**s), **o)
+    with count_compiles() as compiles:
+        for s, o in zip(settings, overrides, strict=True):
+            rollout.generate(PROMPTS, config(seed=99, **s), **o)
+    assert compiles.count == 0
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [dict(top_p=1.5), dict(repetition_penalty=0.0), dict(no_such_option=1), dict(n=0)],
+)
+def test_invalid_overrides_raise_before_the_engine(rollout, bad):
+    with pytest.raises(ValueError):
+        rollout.generate(PROMPTS, config(), **bad)
+
+
+@pytest.mark.parametrize("prompts", [[], "a string", [1, 2], ["ok", None]])
+def test_bad_prompts_raise_value_error(rollout, prompts):
+    with pytest.raises(ValueError):
+        rollout.generate(prompts, config())
+
+
+def test_default_sampling_params_come_from_generation_config(rollout):
+    defaults = rollout.get_default_sampling_params()
+    assert (defaults.temperature, defaults.top_k, defaults.top_p) == (1.0, -1, 1.0)
+
+
+def perturbed(trainer, scale=0.5, seed=0):
+    state = nnx.state(trainer, nnx.Param)
+    leaves, treedef = jax.tree_util.tree_flatten(state)
+    keys = jax.random.split(jax.random.PRNGKey(seed), len(leaves))
+    new = [
+        x + scale * jax.random.normal(k, x.shape, x.dtype)
+        for x, k in zip(leaves, keys, strict=True)
+    ]
+    return jax.tree_util.tree_unflatten(treedef, new)
+
+
+def test_update_params_follows_trainer_weights_without_recompiling(rollout, trainer):
+    rc = config(temperature=0.0, max_tokens_to_generate=16)
+    before = rollout.generate(PROMPTS, rc)
+    original = jax.tree_util.tree_map(jnp.copy, nnx.state(trainer, nnx.Param))
+    new_state = perturbed(trainer)
+    try:
+        rollout.update_params(perturbed(trainer, seed=1))  # compiles tunix's eager mapping ops
+        with (
+            count_compiles() as compiles,
+            jax.transfer_guard_device_to_host("disallow_explicit"),
+            jax.transfer_guard_host_to_device("disallow_explicit"),
+        ):
+            rollout.update_params(new_state, (nnx.Param,))
+        with count_compiles() as serving:
+            after = rollout.generate(PROMPTS, rc)
+        assert compiles.count == 0 and serving.count == 0
+        nnx.update(trainer, new_state)
+        assert any(
+            a.tolist() != b.tolist() for a, b in zip(after.tokens, before.tokens, strict=True)
+        )
+        prompts, completions = padded(after, rollout, 16)
+        reference = np.asarray(trainer_logps(trainer, rollout, prompts, completions)[0])
+        _, logits = trainer_logps(trainer, rollout, prompts, completions, return_logits=True)
+        for i, tokens in enumerate(after.tokens):
+            k = comparable(tokens, rollout.pad_id())
+            # Greedy under the new weights: each token is the trainer model's argmax.
+            assert tokens[:k].tolist() == np.asarray(logits[i, :k]).argmax(-1).tolist()
+            np.testing.assert_allclose(after.logprobs[i][:k], reference[i, :k], atol=1e-4)
+    finally:
+        nnx.update(trainer, original)
+        rollout.update_params(original)
+    restored = rollout.generate(PROMPTS, rc)
+    assert [t.tolist() for t in restored.tokens] == [t.tolist() for t in before.tokens]
+
+
+def test_wrong_shape_update_raises_and_keeps_serving_old_weights(rollout):
+    rc = config(temperature=0.0, max_tokens_to_generate=12)
+    before = rollout.generate(PROMPTS, rc)
+    state = rollout.engine.engine_state()
+    leaves, treedef = jax.tree_util.tree_flatten(state)
+    bad = list(leaves)
+    bad[-1] = jnp.zeros((3, 3), leaves[-1].dtype)
+    with pytest.raises(ValueError, match=r"parameter .* has shape \(3, 3\)"):
+        rollout.update_params(jax.tree_util.tree_unflatten(treedef, bad))
+    after = rollout.generate(PROMPTS, rc)
+    assert [t.tolist() for t in after.tokens] == [t.tolist() for t in before.tokens]
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_fifty_generate_update_cycles_leave_no_state_and_bounded_memory(rollout):
+    rc = config(max_tokens_to_generate=8)
+    state = rollout.engine.engine_state()
+    for _ in range(3):  # allocator warm-up
+        rollout.generate(PROMPTS, rc)
+        rollout.update_params(state)
+    start = rss_bytes()
+    for i in range(50):
+        rollout.generate(PROMPTS, config(max_tokens_to_generate=8, seed=i))
+        rollout.update_params(state)
+        assert rollout.engine.store_sizes()["records"] == 0
+    growth = rss_bytes() / start - 1
+    assert growth <= 0.05, f"resident memory grew {growth:.1%} over 50 cycles"
+
+
+def test_patches_match_the_pinned_upstream_and_apply_once():
+    from sgl_jax.srt.managers.scheduler import Scheduler
+
+    from sgl_jax_rollout.engine import patches
+
+    patches.check_upstream()
+    before = Scheduler.stream_output
+    patches.apply()
+    assert Scheduler.stream_output is before
+
+
+def test_shutdown_stops_the_engine_and_spares_unrelated_children(rollout):
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        rollout.shutdown()
+        assert child.poll() is None, "shutdown killed a process the engine did not start"
+        with pytest.raises(RuntimeError, match="shut down"):
+            rollout.generate(PROMPTS, config())
+        import threading
+
+        assert not [t for t in threading.enumerate() if t.name.startswith("sglang::scheduler")]
+    finally:
+        child.kill()

@@ -1,0 +1,93 @@
+"""RolloutConfig translation, per-sample seeds, prompt padding and completion lengths."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from sgl_jax_rollout import rollout_inputs as inputs
+from sgl_jax_rollout.sampling.options import SamplingOptions
+from sgl_jax_rollout.tunix_compat import RolloutConfig
+
+
+def test_rollout_config_fields_then_overrides_make_the_options():
+    defaults = SamplingOptions(repetition_penalty=1.1)
+    rc = RolloutConfig(temperature=0.7, top_p=None, top_k=None, return_logprobs=False)
+    options = inputs.options_for_call(defaults, rc, {"min_p": 0.05, "n": 2})
+    assert (options.temperature, options.top_p, options.top_k) == (0.7, 1.0, -1)
+    assert (options.min_p, options.n, options.repetition_penalty) == (0.05, 2, 1.1)
+    assert options.return_logprobs is False
+    rc = RolloutConfig(temperature=1.0, top_p=0.9, top_k=40)
+    assert inputs.options_for_call(defaults, rc, {}).top_k == 40
+
+
+@pytest.mark.parametrize("bad", [{"top_p": 0.0}, {"unknown": 1}, {"seed": 3}, {"n": 0}])
+def test_invalid_overrides_raise_value_error(bad):
+    with pytest.raises(ValueError):
+        inputs.options_for_call(SamplingOptions(), RolloutConfig(), bad)
+
+
+def test_int_seed_gives_every_row_its_own_reproducible_seed():
+    fresh = np.random.default_rng(0)
+    seeds = inputs.sample_seeds(5, num_prompts=3, n=2, fresh=fresh)
+    assert len(set(seeds)) == 6
+    assert seeds == inputs.sample_seeds(5, 3, 2, np.random.default_rng(1))
+
+
+def test_per_prompt_seeds_keep_sample_zero_and_derive_the_others():
+    seeds = inputs.sample_seeds([10, 20], num_prompts=2, n=3, fresh=np.random.default_rng())
+    assert seeds[0] == 10 and seeds[3] == 20
+    assert len(set(seeds)) == 6
+    # The same prompt seed gives the same samples in another call, with other prompts.
+    again = inputs.sample_seeds([7, 20], num_prompts=2, n=3, fresh=np.random.default_rng())
+    assert again[3:] == seeds[3:]
+
+
+def test_missing_seed_draws_from_the_rollout_generator():
+    a = inputs.sample_seeds(None, 2, 2, np.random.default_rng(3))
+    b = inputs.sample_seeds(None, 2, 2, np.random.default_rng(3))
+    assert a == b and len(set(a)) == 4
+
+
+@pytest.mark.parametrize("bad", [[1], [1, -2], [1.5, 2], "x"])
+def test_bad_seeds_raise(bad):
+    with pytest.raises(ValueError, match="seed"):
+        inputs.sample_seeds(bad, 2, 1, np.random.default_rng())
+
+
+def test_prompts_are_cut_from_the_left_and_left_padded():
+    ids, dropped = inputs.truncate_left([1, 2, 3, 4, 5], 3)
+    assert ids == [3, 4, 5] and dropped == 2
+    padded = inputs.left_pad([[3, 4, 5], [7]], 4, pad_id=0)
+    np.testing.assert_array_equal(padded, [[0, 3, 4, 5], [0, 0, 0, 7]])
+    assert inputs.prompt_rows(padded, 0) == [[3, 4, 5], [7]]
+    with pytest.raises(ValueError, match="more than the padded width"):
+        inputs.left_pad([[1, 2, 3]], 2, 0)
+
+
+def test_completions_end_at_the_first_eos_kept_or_at_padding():
+    rows = np.asarray([[5, 6, 2, 7, 0], [5, 6, 0, 0, 0], [5, 6, 7, 8, 9]])
+    assert inputs.completion_rows(rows, pad_id=0, eos_id=2) == [[5, 6, 2], [5, 6], [5, 6, 7, 8, 9]]
+    values = inputs.right_pad_values([np.ones(3), np.ones(2), np.ones(5)], 5)
+    assert values.dtype == np.float32 and values.sum(1).tolist() == [3, 2, 5]
+
+
+def test_default_options_read_generation_config(tmp_path):
+    (tmp_path / "generation_config.json").write_text(
+        json.dumps({"temperature": 0.6, "top_k": 0, "top_p": 0.95, "eos_token_id": [2, 9]})
+    )
+    options = inputs.default_options(tmp_path)
+    assert (options.temperature, options.top_k, options.top_p) == (0.6, -1, 0.95)
+    assert inputs.eos_ids(tmp_path, tokenizer_eos=2) == [2, 9]
+    (tmp_path / "generation_config.json").write_text(json.dumps({"do_sample": False}))
+    assert inputs.default_options(tmp_path).temperature == 0.0
+    (tmp_path / "generation_config.json").write_text(json.dumps({"top_p": 3.0}))
+    with pytest.raises(ValueError, match="top_p"):
+        inputs.default_options(tmp_path)
+
+
+def test_default_options_without_a_file_are_the_library_defaults(tmp_path):
+    assert inputs.default_options(tmp_path) == SamplingOptions()
+    assert inputs.eos_ids(tmp_path, tokenizer_eos=4) == [4]
