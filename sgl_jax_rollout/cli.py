@@ -1,7 +1,7 @@
 """The `sgl-jax-rollout` command line.
 
 Owns argument parsing and dispatch only: each subcommand calls one library function.
-Subcommands: `make-tiny-model DIR`, `bench sampler [--json]`.
+Subcommands: `make-tiny-model DIR`, `bench sampler|rollout|weights [--json]`.
 """
 
 from __future__ import annotations
@@ -21,9 +21,22 @@ def _make_tiny_model(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from sgl_jax_rollout.bench import sampler_bench
+    if args.target == "sampler":
+        from sgl_jax_rollout.bench import sampler_bench
 
-    result = sampler_bench.run(steps=args.steps)
+        result = sampler_bench.run(steps=args.steps)
+    else:
+        from sgl_jax_rollout.engine.engine import require_sgl_jax
+
+        try:
+            require_sgl_jax()
+        except ImportError as err:
+            print(f"sgl-jax-rollout: {err}", file=sys.stderr)
+            return 2
+        from sgl_jax_rollout.bench import rollout_bench
+
+        run = rollout_bench.run_rollout if args.target == "rollout" else rollout_bench.run_weights
+        result = run(model_dir=args.model_path, runs=args.runs)
     if args.json:
         print(json.dumps(result))
     else:
@@ -56,9 +69,18 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.set_defaults(func=_make_tiny_model)
 
     bench = sub.add_parser("bench", help="benchmarks printing one JSON object")
-    bench.add_argument("target", choices=["sampler"], help="what to benchmark")
+    bench.add_argument(
+        "target",
+        choices=["sampler", "rollout", "weights"],
+        help="sampler: ms per sampling step; rollout: tokens/s of the rollouts; weights: "
+        "update_params vs device_put",
+    )
     bench.add_argument("--json", action="store_true", help="print compact JSON on one line")
-    bench.add_argument("--steps", type=int, default=20, help="timed steps per figure (>= 20)")
+    bench.add_argument("--steps", type=int, default=20, help="sampler: timed steps (>= 20)")
+    bench.add_argument("--runs", type=int, default=5, help="rollout / weights: timed runs (>= 5)")
+    bench.add_argument(
+        "--model-path", default=None, help="rollout / weights: HF model dir (default: tiny model)"
+    )
     bench.set_defaults(func=_bench)
     return parser
 
@@ -72,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     if getattr(args, "steps", 20) < 20:
         parser.error(f"--steps must be >= 20, got {args.steps}")
+    if getattr(args, "runs", 5) < 5:
+        parser.error(f"--runs must be >= 5, got {args.runs}")
     try:
         return args.func(args)
     except ValueError as err:

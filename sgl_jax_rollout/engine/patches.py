@@ -44,7 +44,7 @@ from sgl_jax_rollout.sampling.options import SamplingOptions
 logger = logging.getLogger(__name__)
 
 PINNED_COMMIT = "cddbf6f1cc33cbdd453bd8f36ff7051cf46ca176"
-IDLE_WAIT_MS = 5
+IDLE_WAIT_MS = 50
 _MARK = "__sgl_jax_rollout_patch__"
 _APPLY_LOCK = threading.Lock()
 

@@ -16,6 +16,7 @@ runs inside tunix's `transfer_guard("disallow_explicit")`.
 
 from __future__ import annotations
 
+import gc
 import importlib
 from typing import Any
 
@@ -65,10 +66,15 @@ class WeightSwapper:
         table = importlib.import_module(f"tunix.models.{family}.mapping_sglang_jax")
         config = mappings.MappingConfig.build(mapping_obj=table.SGLANG_JAX_MAPPING)
         model_config = self._runner.model_config
+        # tunix writes into the Variables of dst_state: give it a copy, never the engine's own.
+        target = jax.tree_util.tree_map(lambda x: x, current)
+        # tunix calls gc.collect() once per transfer: a full collection over everything jax and
+        # sgl-jax allocated (~270 ms here). Frozen objects are skipped; unfreeze right after.
+        gc.freeze()
         try:
             return tunix_utils.transfer_state_with_mappings(
                 src_state=params,
-                dst_state=current,
+                dst_state=target,
                 key_mappings=config.to_hf_mappings,
                 key_mapping_hook_fns=config.to_hf_hook_fns,
                 transpose_keys=config.to_hf_transpose_keys,
@@ -79,6 +85,8 @@ class WeightSwapper:
             )
         except Exception as err:  # tunix raises several types; name the stage for the user
             raise ValueError(f"update_params: mapping the tunix state failed: {err}") from err
+        finally:
+            gc.unfreeze()
 
 
 def _same_structure(params: Any, current: nnx.State) -> bool:

@@ -1,0 +1,270 @@
+"""`sgl-jax-rollout bench rollout` and `bench weights`: rollout throughput and weight sync.
+
+Owns both benchmarks (CLI subcommands; not imported by the library).
+
+`rollout`: for each workload of `workloads.WORKLOADS` (16 prompts of 5..40 tokens and 64
+prompts of 16 tokens, 64 new tokens each, temperature 1, EOS ignored so every backend makes
+the same number of tokens), tokens/s as the median of >= 5 runs after a warm-up call, for
+- `ours_full`: `SglangJaxRollout` returning logprobs and full-vocabulary entropy;
+- `ours_plain`: the same rollout with neither;
+- `tunix_sglang_jax`: tunix 0.1.7's own sgl-jax rollout, same engine settings and weights
+  (in a subprocess: our engine patches are process-wide);
+- `vanilla`: tunix's `VanillaRollout` on the trainer model with the same weights;
+plus `ratios`, `recompiles_after_warmup` (10 calls that vary every sampling setting, after one
+warm-up pass over the same 10 modes) and `host_ms_per_decode_step`: engine wall time per
+model step minus the time in the jitted model and sampler calls (`engine.profiling`).
+
+`weights`: `update_params` with the trainer's nnx state (mapped, resharded, checked, swapped,
+cache flushed) against a plain `jax.device_put` copy of the same pytree: median of >= 5,
+`ratios.update_vs_device_put`, and compiles counted from the second call on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+from tqdm import tqdm
+
+from sgl_jax_rollout.bench.workloads import WORKLOADS, prompts
+from sgl_jax_rollout.utils.compiles import count_compiles
+
+SETTINGS = dict(
+    context_length=512,
+    max_running_requests=64,
+    precompile_bs_paddings=(1, 4, 16, 64),
+    precompile_token_paddings=(256, 1024, 4096),
+    max_prefill_tokens=4096,
+    max_total_tokens=32768,
+    page_size=1,
+    disable_radix_cache=False,
+)
+
+# Ten calls that vary every sampling setting: (rollout config changes, per-call overrides).
+VARIED_CALLS = [
+    (dict(temperature=1.0), dict()),
+    (dict(temperature=0.7, top_k=20), dict()),
+    (dict(temperature=0.9, top_p=0.8), dict(min_p=0.05)),
+    (dict(temperature=0.0), dict()),
+    (dict(temperature=1.0), dict(repetition_penalty=1.3, frequency_penalty=0.5)),
+    (dict(temperature=1.0), dict(presence_penalty=0.4, min_new_tokens=4)),
+    (dict(temperature=1.0), dict(n=2, stop=["zz"])),
+    (dict(temperature=1.0), dict(logprobs_mode="raw")),
+    (dict(temperature=1.0), dict(entropy_source="processed", entropy_top_k=16)),
+    (dict(temperature=1.0, seed=[3] * 16), dict(return_entropy=False)),
+]
+
+
+def _rollout_config(**changes: Any):
+    from sgl_jax_rollout.tunix_compat import RolloutConfig
+
+    base = dict(max_tokens_to_generate=64, max_prompt_length=64, temperature=1.0, top_p=1.0, seed=0)
+    base.update(changes)
+    return RolloutConfig(**base)
+
+
+def _median_rate(call, tokens: int, runs: int, label: str) -> float:
+    call()  # warm-up
+    rates = []
+    for _ in tqdm(range(runs), desc=label, leave=False, file=sys.stderr):
+        start = time.perf_counter()
+        call()
+        rates.append(tokens / (time.perf_counter() - start))
+    return statistics.median(rates)
+
+
+def run_rollout(model_dir: str | Path | None = None, runs: int = 5) -> dict:
+    from sgl_jax_rollout.engine.profiling import time_jitted_calls
+    from sgl_jax_rollout.rollout import SglangJaxRollout
+    from sgl_jax_rollout.tiny_model import default_model_dir
+
+    model_dir = Path(model_dir) if model_dir else default_model_dir()
+    result: dict[str, Any] = {
+        "model": str(model_dir),
+        "device": jax.default_backend(),
+        "runs": runs,
+        "engine_settings": SETTINGS,
+        "tokens_per_s": {},
+    }
+    vanilla = _vanilla_rates(model_dir, runs)
+    tunix = _tunix_rates(model_dir, runs)
+    rollout = SglangJaxRollout(model_path=model_dir, engine_settings=SETTINGS)
+    try:
+        tokenizer = rollout.engine.tokenizer
+        host = {}
+        for name, (count, lengths, new_tokens) in WORKLOADS.items():
+            batch = prompts(tokenizer, count, lengths)
+            rc = _rollout_config(max_tokens_to_generate=new_tokens)
+            tokens = count * new_tokens
+            full = _median_rate(
+                lambda b=batch, c=rc: rollout.generate(b, c, ignore_eos=True),
+                tokens,
+                runs,
+                f"ours_full {name}",
+            )
+            plain = _median_rate(
+                lambda b=batch, c=rc: rollout.generate(
+                    b, c, ignore_eos=True, return_logprobs=False, return_entropy=False
+                ),
+                tokens,
+                runs,
+                f"ours_plain {name}",
+            )
+            with time_jitted_calls(rollout.engine.model_runner) as times:
+                start = time.perf_counter()
+                rollout.generate(batch, rc, ignore_eos=True)
+                wall = time.perf_counter() - start
+            host[name] = {
+                "host_ms_per_decode_step": 1e3 * (wall - times.jitted_s) / times.steps,
+                "jitted_ms_per_step": 1e3 * times.jitted_s / times.steps,
+                "model_ms_per_step": 1e3 * times.model_s / times.steps,
+                "sampler_ms_per_step": 1e3 * times.sampler_s / times.steps,
+                "steps": times.steps,
+            }
+            result["tokens_per_s"][name] = {
+                "ours_full": full,
+                "ours_plain": plain,
+                "tunix_sglang_jax": tunix.get(name),
+                "vanilla": vanilla[name],
+            }
+        result["host_time"] = host
+        result["recompiles_after_warmup"] = _recompiles(rollout, tokenizer)
+    finally:
+        rollout.shutdown()
+    result["ratios"] = {
+        name: {
+            "full_vs_plain": r["ours_full"] / r["ours_plain"],
+            "full_vs_tunix_sglang_jax": (
+                r["ours_full"] / r["tunix_sglang_jax"] if r["tunix_sglang_jax"] else None
+            ),
+            "full_vs_vanilla": r["ours_full"] / r["vanilla"],
+        }
+        for name, r in result["tokens_per_s"].items()
+    }
+    result["host_ms_per_decode_step"] = {
+        name: h["host_ms_per_decode_step"] for name, h in result["host_time"].items()
+    }
+    return result
+
+
+def _recompiles(rollout, tokenizer) -> int:
+    batch = prompts(tokenizer, 16, (5, 40))
+
+    def calls(shift: int):
+        for changes, overrides in VARIED_CALLS:
+            changes = dict(changes)
+            if "temperature" in changes and changes["temperature"] > 0:
+                changes["temperature"] = round(changes["temperature"] - 0.05 * shift, 3)
+            changes.setdefault("seed", 100 + shift)
+            rollout.generate(
+                batch, _rollout_config(max_tokens_to_generate=16, **changes), **overrides
+            )
+
+    calls(0)
+    with count_compiles() as compiles:
+        calls(1)
+    return compiles.count
+
+
+def _vanilla_rates(model_dir: Path, runs: int) -> dict[str, float]:
+    from transformers import AutoTokenizer
+    from tunix.rl.rollout.base_rollout import CacheConfig
+    from tunix.rl.rollout.vanilla_rollout import VanillaRollout
+
+    from tunix_adapter.models import load_tunix_model
+
+    model = load_tunix_model(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    cfg = model.config
+    vanilla = VanillaRollout(
+        model,
+        tokenizer,
+        CacheConfig(
+            cache_size=256,
+            num_layers=cfg.num_layers,
+            num_kv_heads=cfg.num_kv_heads,
+            head_dim=cfg.head_dim,
+        ),
+    )
+    rates = {}
+    for name, (count, lengths, new_tokens) in WORKLOADS.items():
+        batch = prompts(tokenizer, count, lengths)
+        rc = _rollout_config(max_tokens_to_generate=new_tokens, eos_tokens=[-1])
+        rates[name] = _median_rate(
+            lambda b=batch, c=rc: vanilla.generate(b, c),
+            count * new_tokens,
+            runs,
+            f"vanilla {name}",
+        )
+    return rates
+
+
+def _tunix_rates(model_dir: Path, runs: int) -> dict[str, float]:
+    try:
+        import sgl_jax  # noqa: F401
+    except ImportError:
+        return {}
+    cmd = [
+        sys.executable,
+        "-m",
+        "sgl_jax_rollout.bench.tunix_sglang_jax",
+        str(model_dir),
+        json.dumps(SETTINGS),
+        str(runs),
+    ]
+    print("tunix_sglang_jax: running tunix's rollout in a subprocess", file=sys.stderr)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
+    if proc.returncode != 0:
+        raise RuntimeError(f"tunix's sgl-jax rollout failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def run_weights(model_dir: str | Path | None = None, runs: int = 5) -> dict:
+    from flax import nnx
+
+    from sgl_jax_rollout.rollout import SglangJaxRollout
+    from sgl_jax_rollout.tiny_model import default_model_dir
+    from tunix_adapter.models import load_tunix_model
+
+    model_dir = Path(model_dir) if model_dir else default_model_dir()
+    trainer = load_tunix_model(model_dir)
+    state = nnx.state(trainer, nnx.Param)
+    rollout = SglangJaxRollout(
+        model_path=model_dir,
+        engine_settings=dict(SETTINGS, precompile_bs_paddings=(1, 4, 16, 64)),
+    )
+    try:
+        rollout.update_params(state)  # first call compiles tunix's mapping ops
+        with count_compiles() as compiles:
+            update = []
+            for _ in tqdm(range(runs), desc="update_params", leave=False, file=sys.stderr):
+                start = time.perf_counter()
+                rollout.update_params(state)
+                update.append(time.perf_counter() - start)
+        put = []
+        for _ in range(runs + 1):
+            start = time.perf_counter()
+            jax.block_until_ready(jax.device_put(state, may_alias=False))
+            put.append(time.perf_counter() - start)
+        put = put[1:]
+    finally:
+        rollout.shutdown()
+    params = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(state))
+    return {
+        "model": str(model_dir),
+        "device": jax.default_backend(),
+        "parameters": params,
+        "runs": runs,
+        "update_params_ms": 1e3 * statistics.median(update),
+        "device_put_ms": 1e3 * statistics.median(put),
+        "ratios": {"update_vs_device_put": statistics.median(update) / statistics.median(put)},
+        "recompiles_after_first_call": compiles.count,
+    }
