@@ -240,12 +240,19 @@ class RolloutEngine:
             self._flush_cache()
 
     def _flush_cache(self) -> None:
-        future = asyncio.run_coroutine_threadsafe(
-            self._engine.tokenizer_manager.flush_cache(), self._engine.loop
-        )
-        result = future.result()
-        if not getattr(result, "success", True):
-            raise RuntimeError(f"prefix cache flush failed after the weight swap: {result}")
+        # Finished requests leave the scheduler's running batch one loop iteration after their
+        # output is sent, so a flush right after a generate call can be refused: retry.
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        while True:
+            future = asyncio.run_coroutine_threadsafe(
+                self._engine.tokenizer_manager.flush_cache(), self._engine.loop
+            )
+            result = future.result()
+            if getattr(result, "success", True):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"prefix cache flush failed after the weight swap: {result}")
+            time.sleep(0.002)
 
     # Lifecycle.
     def store_sizes(self) -> dict[str, int]:
@@ -269,10 +276,22 @@ class RolloutEngine:
                     if thread.is_alive():
                         logger.warning("the sgl-jax scheduler thread did not stop")
             loop = self._engine.loop
-            loop.call_soon_threadsafe(loop.stop)
+            try:
+                asyncio.run_coroutine_threadsafe(_cancel_tasks(), loop).result(STOP_TIMEOUT_S)
+            finally:
+                loop.call_soon_threadsafe(loop.stop)
             self._engine.send_to_rpc.close()
             atexit.unregister(self.shutdown)
             self._scheduler = None
             self.model_runner = None
             self._weights = None
             self._engine = None
+
+
+async def _cancel_tasks() -> None:
+    """Cancels the tokenizer manager's background tasks so the loop stops cleanly."""
+    current = asyncio.current_task()
+    tasks = [t for t in asyncio.all_tasks() if t is not current]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)

@@ -31,10 +31,21 @@ class WeightSwapper:
     def __init__(self, model_runner: Any, model_type: str) -> None:
         self._runner = model_runner
         self._model_type = model_type
+        state = nnx.state(model_runner.model)
+        self._treedef = jax.tree_util.tree_structure(state)
+        # The runner model's own Variables, in the order of `model_state_leaves`.
+        self._variables = jax.tree_util.tree_leaves(
+            state, is_leaf=lambda x: isinstance(x, nnx.Variable)
+        )
+        if len(self._variables) != len(model_runner.model_state_leaves):
+            raise RuntimeError(
+                "sgl-jax's model_state_leaves no longer match the model's parameters "
+                f"({len(model_runner.model_state_leaves)} vs {len(self._variables)})"
+            )
 
     def engine_state(self) -> nnx.State:
-        """The engine's current parameters, in its own layout."""
-        return nnx.split(self._runner.model)[1]
+        """The engine's current parameters, in its own layout (fresh Variables, same arrays)."""
+        return jax.tree_util.tree_unflatten(self._treedef, self._runner.model_state_leaves)
 
     def prepare(self, params: Any) -> list[jax.Array]:
         """New leaves for the engine, checked against the current ones (raises on mismatch)."""
@@ -46,10 +57,9 @@ class WeightSwapper:
         return _checked_leaves(candidate, current)
 
     def swap(self, leaves: list[jax.Array]) -> None:
-        current = self.engine_state()
-        treedef = jax.tree_util.tree_structure(current)
-        nnx.update(self._runner.model, jax.tree_util.tree_unflatten(treedef, leaves))
         self._runner.model_state_leaves = list(leaves)
+        for variable, leaf in zip(self._variables, leaves, strict=True):
+            variable.set_value(leaf)
 
     def _from_tunix(self, params: Any, current: nnx.State) -> Any:
         family = TUNIX_FAMILIES.get(self._model_type)
@@ -66,15 +76,13 @@ class WeightSwapper:
         table = importlib.import_module(f"tunix.models.{family}.mapping_sglang_jax")
         config = mappings.MappingConfig.build(mapping_obj=table.SGLANG_JAX_MAPPING)
         model_config = self._runner.model_config
-        # tunix writes into the Variables of dst_state: give it a copy, never the engine's own.
-        target = jax.tree_util.tree_map(lambda x: x, current)
         # tunix calls gc.collect() once per transfer: a full collection over everything jax and
         # sgl-jax allocated (~270 ms here). Frozen objects are skipped; unfreeze right after.
         gc.freeze()
         try:
             return tunix_utils.transfer_state_with_mappings(
                 src_state=params,
-                dst_state=target,
+                dst_state=current,
                 key_mappings=config.to_hf_mappings,
                 key_mapping_hook_fns=config.to_hf_hook_fns,
                 transpose_keys=config.to_hf_transpose_keys,
