@@ -73,5 +73,4 @@ def stores_empty_after(request):
                 "specs": 0,
                 "records": 0,
                 "completions": 0,
-                "step_rows": 0,
             }

@@ -102,12 +102,13 @@ class Collector:
                 self._done.pop(rid, None)
 
     def sizes(self) -> dict[str, int]:
+        """Entries held per request. (The per-step stash is cleared at the end of each step,
+        which may come a moment after the step's outputs reached the caller.)"""
         with self._lock:
             return {
                 "specs": len(self._specs),
                 "records": len(self._records),
                 "completions": len(self._done),
-                "step_rows": len(self._step_rows),
             }
 
     # Scheduler side.
