@@ -17,6 +17,7 @@ import asyncio
 import atexit
 import json
 import logging
+import sys
 import threading
 import time
 import uuid
@@ -38,6 +39,7 @@ INSTALL_HINT = (
     f'{patches.PINNED_COMMIT}#subdirectory=python"  (use [tpu] on TPU)'
 )
 SCHEDULER_THREAD_PREFIX = "sglang::scheduler"
+DETOKENIZER_THREAD_PREFIX = "sglang-jax::detokenizer"
 STOP_TIMEOUT_S = 30.0
 
 
@@ -263,24 +265,44 @@ class RolloutEngine:
             raise RuntimeError("the rollout engine was shut down")
 
     def shutdown(self) -> None:
-        """Stops the scheduler thread and the engine's event loop; touches no other process."""
+        """Stops the engine's own threads and closes its sockets; touches no other process.
+
+        Reads upstream attributes (commit in `patches.PINNED_COMMIT`): the scheduler leaves its
+        loop at the next idle check (`patches` idle_wait_and_stop); the detokenizer thread,
+        blocked on its socket, gets a message whose unpickling raises SystemExit (any
+        Exception there makes upstream SIGQUIT the whole process); then every socket is closed
+        with linger 0 so interpreter exit never waits on a zmq context.
+        """
         if self._closed:
             return
         with self._lock:
             self._closed = True
             self._engine.abort_request(abort_all=True)
             patches.deactivate(self._hooks)
-            for thread in threading.enumerate():
-                if thread.name.startswith(SCHEDULER_THREAD_PREFIX):
-                    thread.join(STOP_TIMEOUT_S)
-                    if thread.is_alive():
-                        logger.warning("the sgl-jax scheduler thread did not stop")
+            _join_threads(SCHEDULER_THREAD_PREFIX)
+            scheduler = self._scheduler
+            detokenizer = getattr(scheduler, "send_to_detokenizer", None)
+            if detokenizer is not None:
+                detokenizer.send_pyobj(_ExitThread())
+                _join_threads(DETOKENIZER_THREAD_PREFIX)
+            _close_sockets(
+                scheduler,
+                (
+                    "recv_from_tokenizer",
+                    "send_to_tokenizer",
+                    "send_to_detokenizer",
+                    "recv_from_rpc",
+                ),
+            )
             loop = self._engine.loop
+            manager = self._engine.tokenizer_manager
             try:
-                asyncio.run_coroutine_threadsafe(_cancel_tasks(), loop).result(STOP_TIMEOUT_S)
+                asyncio.run_coroutine_threadsafe(_cancel_tasks(manager), loop).result(
+                    STOP_TIMEOUT_S
+                )
             finally:
                 loop.call_soon_threadsafe(loop.stop)
-            self._engine.send_to_rpc.close()
+            self._engine.send_to_rpc.close(linger=0)
             atexit.unregister(self.shutdown)
             self._scheduler = None
             self.model_runner = None
@@ -288,10 +310,33 @@ class RolloutEngine:
             self._engine = None
 
 
-async def _cancel_tasks() -> None:
-    """Cancels the tokenizer manager's background tasks so the loop stops cleanly."""
+class _ExitThread:
+    """Unpickled by a thread blocked in `recv_pyobj`, it ends that thread quietly."""
+
+    def __reduce__(self):
+        return (sys.exit, (0,))
+
+
+def _join_threads(prefix: str) -> None:
+    for thread in threading.enumerate():
+        if thread.name.startswith(prefix) and thread is not threading.current_thread():
+            thread.join(STOP_TIMEOUT_S)
+            if thread.is_alive():
+                logger.warning("engine thread %s did not stop", thread.name)
+
+
+def _close_sockets(owner: Any, names: Sequence[str]) -> None:
+    for name in names:
+        sock = getattr(owner, name, None)
+        if sock is not None and not sock.closed:
+            sock.close(linger=0)
+
+
+async def _cancel_tasks(manager: Any) -> None:
+    """Cancels the tokenizer manager's tasks and closes its sockets (on the engine's loop)."""
     current = asyncio.current_task()
     tasks = [t for t in asyncio.all_tasks() if t is not current]
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
+    _close_sockets(manager, ("recv_from_detokenizer", "send_to_scheduler"))

@@ -1,7 +1,8 @@
 """Weight updates of the running engine: map, reshard, check, swap.
 
 Owns `WeightSwapper`: it takes either a tunix nnx state (qwen2, qwen3, llama3: mapped with
-tunix's own `mapping_sglang_jax` tables and `transfer_state_with_mappings`) or a pytree in
+tunix's own `mapping_sglang_jax` tables and `transfer_state_with_mappings`, traced once
+into one jitted program) or a pytree in
 the engine's own layout, puts every leaf on the sharding of the leaf it replaces, checks
 path, shape and dtype of every leaf, and only then swaps. A mismatch raises `ValueError`
 naming the parameter, and the engine keeps its old weights.
@@ -31,6 +32,7 @@ class WeightSwapper:
     def __init__(self, model_runner: Any, model_type: str) -> None:
         self._runner = model_runner
         self._model_type = model_type
+        self._mapper = None
         state = nnx.state(model_runner.model)
         self._treedef = jax.tree_util.tree_structure(state)
         # The runner model's own Variables, in the order of `model_state_leaves`.
@@ -71,26 +73,35 @@ class WeightSwapper:
             )
         from tunix.generate import mappings
         from tunix.generate import utils as tunix_utils
-        from tunix.rl import reshard
 
-        table = importlib.import_module(f"tunix.models.{family}.mapping_sglang_jax")
-        config = mappings.MappingConfig.build(mapping_obj=table.SGLANG_JAX_MAPPING)
-        model_config = self._runner.model_config
-        # tunix calls gc.collect() once per transfer: a full collection over everything jax and
-        # sgl-jax allocated (~270 ms here). Frozen objects are skipped; unfreeze right after.
+        if self._mapper is None:
+            table = importlib.import_module(f"tunix.models.{family}.mapping_sglang_jax")
+            config = mappings.MappingConfig.build(mapping_obj=table.SGLANG_JAX_MAPPING)
+            model_config = self._runner.model_config
+            num_kv_heads = model_config.get_total_num_kv_heads()
+            head_dim = model_config.head_dim
+
+            def transfer(src: Any, dst: nnx.State) -> nnx.State:
+                return tunix_utils.transfer_state_with_mappings(
+                    src_state=src,
+                    dst_state=dst,
+                    key_mappings=config.to_hf_mappings,
+                    key_mapping_hook_fns=config.to_hf_hook_fns,
+                    transpose_keys=config.to_hf_transpose_keys,
+                    rollout_engine="sglang_jax",
+                    num_kv_heads=num_kv_heads,
+                    head_dim=head_dim,
+                )
+
+            # tunix's transposes, reshapes and casts, fused into one program whose outputs
+            # land on the engine's shardings: one copy of the weights per update.
+            shardings = jax.tree_util.tree_map(lambda x: x.sharding, current)
+            self._mapper = jax.jit(transfer, out_shardings=shardings)
+        # tunix calls gc.collect() while tracing: a full collection over everything jax and
+        # sgl-jax allocated (~270 ms). Frozen objects are skipped; unfreeze right after.
         gc.freeze()
         try:
-            return tunix_utils.transfer_state_with_mappings(
-                src_state=params,
-                dst_state=current,
-                key_mappings=config.to_hf_mappings,
-                key_mapping_hook_fns=config.to_hf_hook_fns,
-                transpose_keys=config.to_hf_transpose_keys,
-                reshard_fn=reshard.reshard_pytree,
-                rollout_engine="sglang_jax",
-                num_kv_heads=model_config.get_total_num_kv_heads(),
-                head_dim=model_config.head_dim,
-            )
+            return self._mapper(params, current)
         except Exception as err:  # tunix raises several types; name the stage for the user
             raise ValueError(f"update_params: mapping the tunix state failed: {err}") from err
         finally:
