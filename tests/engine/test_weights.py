@@ -1,0 +1,56 @@
+"""Weight sync for the other tunix families (qwen2, llama3) on their own tiny engines.
+
+Engine-marked. Each case starts and shuts down its own engine (one engine per process), so it
+must not run while the session rollout of tests/test_rollout.py is alive; collection order
+puts this file first.
+"""
+
+from __future__ import annotations
+
+import jax
+import pytest
+
+pytestmark = pytest.mark.engine
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_tunix_state_of_each_family_maps_onto_the_engine(arch, tmp_path):
+    from flax import nnx
+
+    from sgl_jax_rollout.engine import patches
+    from sgl_jax_rollout.rollout import SglangJaxRollout
+    from sgl_jax_rollout.tiny_model import make_tiny_model
+    from sgl_jax_rollout.tunix_compat import RolloutConfig
+    from tunix_adapter.models import load_tunix_model
+
+    if patches._active is not None:
+        pytest.skip("another engine is still running in this process")
+    model_dir = make_tiny_model(tmp_path / arch, arch=arch)
+    trainer = load_tunix_model(model_dir)
+    rollout = SglangJaxRollout(
+        model_path=model_dir,
+        engine_settings=dict(
+            max_running_requests=4,
+            precompile_bs_paddings=(1, 4),
+            precompile_token_paddings=(256,),
+            max_prefill_tokens=512,
+            context_length=256,
+            max_total_tokens=4096,
+        ),
+    )
+    try:
+        rc = RolloutConfig(max_tokens_to_generate=8, max_prompt_length=16, temperature=0.0)
+        loaded = rollout.generate(["hello there"], rc).tokens[0].tolist()
+        state = nnx.state(trainer, nnx.Param)
+        rollout.update_params(state)  # the same weights through tunix's mapping
+        assert rollout.generate(["hello there"], rc).tokens[0].tolist() == loaded
+        leaves, treedef = jax.tree_util.tree_flatten(state)
+        keys = jax.random.split(jax.random.PRNGKey(0), len(leaves))
+        noisy = [
+            x + 0.5 * jax.random.normal(k, x.shape, x.dtype)
+            for x, k in zip(leaves, keys, strict=True)
+        ]
+        rollout.update_params(jax.tree_util.tree_unflatten(treedef, noisy))
+        assert rollout.generate(["hello there"], rc).tokens[0].tolist() != loaded
+    finally:
+        rollout.shutdown()
