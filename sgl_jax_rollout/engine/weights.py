@@ -81,10 +81,12 @@ class WeightSwapper:
             num_kv_heads = model_config.get_total_num_kv_heads()
             head_dim = model_config.head_dim
 
-            def transfer(src: Any, dst: nnx.State) -> nnx.State:
-                return tunix_utils.transfer_state_with_mappings(
-                    src_state=src,
-                    dst_state=dst,
+            treedef = self._treedef
+
+            def transfer(src_def, src_leaves: list, dst_leaves: list) -> list:
+                out = tunix_utils.transfer_state_with_mappings(
+                    src_state=jax.tree_util.tree_unflatten(src_def, src_leaves),
+                    dst_state=jax.tree_util.tree_unflatten(treedef, dst_leaves),
                     key_mappings=config.to_hf_mappings,
                     key_mapping_hook_fns=config.to_hf_hook_fns,
                     transpose_keys=config.to_hf_transpose_keys,
@@ -92,20 +94,24 @@ class WeightSwapper:
                     num_kv_heads=num_kv_heads,
                     head_dim=head_dim,
                 )
+                return jax.tree_util.tree_leaves(out)
 
             # tunix's transposes, reshapes and casts, fused into one program whose outputs
-            # land on the engine's shardings: one copy of the weights per update.
-            shardings = jax.tree_util.tree_map(lambda x: x.sharding, current)
-            self._mapper = jax.jit(transfer, out_shardings=shardings)
+            # land on the engine's shardings: one copy of the weights per update. Flat leaf
+            # lists in and out keep the per-call dispatch cheap.
+            shardings = [x.sharding for x in self._runner.model_state_leaves]
+            self._mapper = jax.jit(transfer, static_argnums=0, out_shardings=shardings)
+        src_leaves, src_def = jax.tree_util.tree_flatten(params)
         # tunix calls gc.collect() while tracing: a full collection over everything jax and
         # sgl-jax allocated (~270 ms). Frozen objects are skipped; unfreeze right after.
         gc.freeze()
         try:
-            return self._mapper(params, current)
+            leaves = self._mapper(src_def, src_leaves, jax.tree_util.tree_leaves(current))
         except Exception as err:  # tunix raises several types; name the stage for the user
             raise ValueError(f"update_params: mapping the tunix state failed: {err}") from err
         finally:
             gc.unfreeze()
+        return jax.tree_util.tree_unflatten(self._treedef, leaves)
 
 
 def _same_structure(params: Any, current: nnx.State) -> bool:
@@ -116,26 +122,18 @@ def _same_structure(params: Any, current: nnx.State) -> bool:
 
 
 def _checked_leaves(candidate: Any, current: nnx.State) -> list[jax.Array]:
-    old = jax.tree_util.tree_flatten_with_path(current)[0]
+    old, old_def = jax.tree_util.tree_flatten(current)
     try:
-        new = jax.tree_util.tree_flatten_with_path(candidate)[0]
+        new, new_def = jax.tree_util.tree_flatten(candidate)
     except Exception as err:
         raise ValueError(f"update_params: cannot read the new parameters: {err}") from err
-    if len(new) != len(old):
-        raise ValueError(
-            f"update_params: expected {len(old)} parameters in the engine layout, got {len(new)}"
-        )
+    if new_def != old_def:
+        _raise_structure_mismatch(candidate, current)
     leaves = []
-    for (path, old_leaf), (new_path, new_leaf) in zip(old, new, strict=True):
-        name = jax.tree_util.keystr(path)
-        if jax.tree_util.keystr(new_path) != name:
-            raise ValueError(
-                f"update_params: parameter {jax.tree_util.keystr(new_path)} found where the "
-                f"engine has {name}"
-            )
+    for index, (old_leaf, new_leaf) in enumerate(zip(old, new, strict=True)):
         if not hasattr(new_leaf, "shape") or tuple(new_leaf.shape) != tuple(old_leaf.shape):
             raise ValueError(
-                f"update_params: parameter {name} has shape "
+                f"update_params: parameter {_leaf_name(current, index)} has shape "
                 f"{getattr(new_leaf, 'shape', type(new_leaf).__name__)}, the engine expects "
                 f"{tuple(old_leaf.shape)}"
             )
@@ -145,3 +143,21 @@ def _checked_leaves(candidate: Any, current: nnx.State) -> list[jax.Array]:
             new_leaf = jax.device_put(new_leaf, old_leaf.sharding)
         leaves.append(new_leaf)
     return leaves
+
+
+def _leaf_name(tree: Any, index: int) -> str:
+    return jax.tree_util.keystr(jax.tree_util.tree_flatten_with_path(tree)[0][index][0])
+
+
+def _raise_structure_mismatch(candidate: Any, current: nnx.State) -> None:
+    """Names the first parameter where the new tree differs from the engine's (slow path)."""
+    old = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(current)[0]]
+    new = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(candidate)[0]]
+    for engine_name, new_name in zip(old, new, strict=False):
+        if engine_name != new_name:
+            raise ValueError(
+                f"update_params: parameter {new_name} found where the engine has {engine_name}"
+            )
+    raise ValueError(
+        f"update_params: expected {len(old)} parameters in the engine layout, got {len(new)}"
+    )
