@@ -57,9 +57,6 @@ class EngineHooks:
     valid_vocab_size: int | None
     stop: threading.Event = dataclasses.field(default_factory=threading.Event)
 
-    def default_config(self) -> SamplerConfig:
-        return sampler_config([], self.valid_vocab_size)
-
 
 _active: EngineHooks | None = None
 
@@ -254,12 +251,10 @@ def _sampling_metadata_rows(original, batch, pad_size=0, mesh=None, vocab_size=3
     rows = getattr(batch, "rollout_rows", None)
     if rows is None:
         # Precompile and requests outside our engine: neutral greedy rows, default config.
-        from sgl_jax_rollout.engine.rows import build_rows as _build
-
         valid = hooks.valid_vocab_size if hooks is not None else None
         config = sampler_config([], valid)
         size = len(batch.sampling_info.temperatures)
-        rows = (config, _build([], [], [], size, config))
+        rows = (config, build_rows([], [], [], size, config))
     config, host_rows = rows
     sharding = NamedSharding(mesh, P("data"))
     token_sharding = NamedSharding(mesh, P("data", None))
