@@ -28,6 +28,19 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="no TPU present"))
 
 
+def perturbed(state, scale: float = 0.5, seed: int = 0):
+    """`state` with seeded normal noise of std `scale` added to every leaf."""
+    import jax
+
+    leaves, treedef = jax.tree_util.tree_flatten(state)
+    keys = jax.random.split(jax.random.PRNGKey(seed), len(leaves))
+    noisy = [
+        x + scale * jax.random.normal(k, x.shape, x.dtype)
+        for x, k in zip(leaves, keys, strict=True)
+    ]
+    return jax.tree_util.tree_unflatten(treedef, noisy)
+
+
 TEST_SETTINGS = dict(
     max_running_requests=16,
     precompile_bs_paddings=(1, 4, 16),

@@ -14,6 +14,7 @@ from flax import nnx
 
 from sgl_jax_rollout.tunix_compat import RolloutConfig
 from sgl_jax_rollout.utils.compiles import count_compiles
+from tests.conftest import perturbed as perturbed_state
 
 pytestmark = pytest.mark.engine
 
@@ -223,14 +224,7 @@ def test_default_sampling_params_come_from_generation_config(rollout):
 
 
 def perturbed(trainer, scale=0.5, seed=0):
-    state = nnx.state(trainer, nnx.Param)
-    leaves, treedef = jax.tree_util.tree_flatten(state)
-    keys = jax.random.split(jax.random.PRNGKey(seed), len(leaves))
-    new = [
-        x + scale * jax.random.normal(k, x.shape, x.dtype)
-        for x, k in zip(leaves, keys, strict=True)
-    ]
-    return jax.tree_util.tree_unflatten(treedef, new)
+    return perturbed_state(nnx.state(trainer, nnx.Param), scale, seed)
 
 
 def test_update_params_follows_trainer_weights_without_recompiling(rollout, trainer):

@@ -16,7 +16,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from sgl_jax_rollout.sampling.batch import NO_TOKEN, SamplerConfig, SamplingBatch, base_keys
+from sgl_jax_rollout.sampling.batch import (
+    SamplerConfig,
+    SamplingBatch,
+    base_keys,
+    token_id_table,
+)
 from sgl_jax_rollout.sampling.options import SamplingOptions
 
 MIN_TOKEN_WIDTH = 64
@@ -131,7 +136,4 @@ def build_rows(
 
 def _padded(rows: Sequence[Sequence[int]], padded_rows: int, minimum: int) -> np.ndarray:
     width = bucket(max([0, *(len(r) for r in rows)]), minimum)
-    out = np.full((padded_rows, width), NO_TOKEN, np.int32)
-    for i, r in enumerate(rows):
-        out[i, : len(r)] = r
-    return out
+    return token_id_table(rows, width, padded_rows)

@@ -219,9 +219,17 @@ def make_batch(
 def pad_token_ids(rows: Sequence[Sequence[int]], length: int | None = None) -> jax.Array:
     """Right-pads ragged token-id rows with `NO_TOKEN` to `length` (default: longest, >= 1)."""
     width = max([1, *(len(r) for r in rows)]) if length is None else length
-    out = np.full((len(rows), width), NO_TOKEN, np.int32)
+    return jnp.asarray(token_id_table(rows, width))
+
+
+def token_id_table(
+    rows: Sequence[Sequence[int]], width: int, num_rows: int | None = None
+) -> np.ndarray:
+    """Host table `[num_rows, width]` of `rows`, right-padded (and extra rows filled) with
+    `NO_TOKEN`; `num_rows` defaults to `len(rows)`."""
+    out = np.full((len(rows) if num_rows is None else num_rows, width), NO_TOKEN, np.int32)
     for i, r in enumerate(rows):
         if len(r) > width:
             raise ValueError(f"row {i} has {len(r)} token ids, more than the padded {width}")
         out[i, : len(r)] = r
-    return jnp.asarray(out)
+    return out

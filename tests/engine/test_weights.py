@@ -7,7 +7,6 @@ puts this file first.
 
 from __future__ import annotations
 
-import jax
 import pytest
 
 pytestmark = pytest.mark.engine
@@ -21,6 +20,7 @@ def test_tunix_state_of_each_family_maps_onto_the_engine(arch, tmp_path):
     from sgl_jax_rollout.rollout import SglangJaxRollout
     from sgl_jax_rollout.tiny_model import make_tiny_model
     from sgl_jax_rollout.tunix_compat import RolloutConfig
+    from tests.conftest import perturbed
     from tunix_adapter.models import load_tunix_model
 
     if patches._active is not None:
@@ -44,13 +44,7 @@ def test_tunix_state_of_each_family_maps_onto_the_engine(arch, tmp_path):
         state = nnx.state(trainer, nnx.Param)
         rollout.update_params(state)  # the same weights through tunix's mapping
         assert rollout.generate(["hello there"], rc).tokens[0].tolist() == loaded
-        leaves, treedef = jax.tree_util.tree_flatten(state)
-        keys = jax.random.split(jax.random.PRNGKey(0), len(leaves))
-        noisy = [
-            x + 0.5 * jax.random.normal(k, x.shape, x.dtype)
-            for x, k in zip(leaves, keys, strict=True)
-        ]
-        rollout.update_params(jax.tree_util.tree_unflatten(treedef, noisy))
+        rollout.update_params(perturbed(state))
         assert rollout.generate(["hello there"], rc).tokens[0].tolist() != loaded
     finally:
         rollout.shutdown()
