@@ -234,27 +234,32 @@ class RolloutEngine:
         return self._weights.engine_state()
 
     def update_weights(self, params: Any) -> None:
-        """Checks, then swaps in `params` (tunix nnx state or engine layout); flushes the cache."""
+        """Checks, then swaps in `params` (tunix nnx state or engine layout); flushes the cache.
+
+        Mapping and checks run on the caller's thread; the swap and the prefix-cache flush run
+        together on the scheduler thread while it is fully idle, so no step sees half of it.
+        """
         with self._lock:
             self._check_open()
             leaves = self._weights.prepare(params)
-            self._weights.swap(leaves)
-            self._flush_cache()
+            self._when_idle(lambda scheduler: self._swap_and_flush(scheduler, leaves))
 
-    def _flush_cache(self) -> None:
-        # Finished requests leave the scheduler's running batch one loop iteration after their
-        # output is sent, so a flush right after a generate call can be refused: retry.
-        deadline = time.monotonic() + STOP_TIMEOUT_S
-        while True:
-            future = asyncio.run_coroutine_threadsafe(
-                self._engine.tokenizer_manager.flush_cache(), self._engine.loop
-            )
-            result = future.result()
-            if getattr(result, "success", True):
-                return
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"prefix cache flush failed after the weight swap: {result}")
-            time.sleep(0.002)
+    def _swap_and_flush(self, scheduler: Any, leaves: list) -> None:
+        self._weights.swap(leaves)
+        flushed, message, _ = scheduler.flush_cache()
+        if not flushed:  # cannot happen while fully idle; never serve stale prefixes silently
+            raise RuntimeError(f"prefix cache flush failed after the weight swap: {message}")
+
+    def _when_idle(self, fn) -> Any:
+        future = self._hooks.idle_work.submit(fn)
+        try:
+            return future.result(timeout=STOP_TIMEOUT_S)
+        except TimeoutError:
+            if future.cancel():
+                raise RuntimeError(
+                    f"the engine's scheduler did not become idle within {STOP_TIMEOUT_S:.0f}s"
+                ) from None
+            return future.result()
 
     # Lifecycle.
     def store_sizes(self) -> dict[str, int]:
@@ -280,6 +285,7 @@ class RolloutEngine:
             self._engine.abort_request(abort_all=True)
             patches.deactivate(self._hooks)
             _join_threads(SCHEDULER_THREAD_PREFIX)
+            self._hooks.idle_work.close()
             scheduler = self._scheduler
             detokenizer = getattr(scheduler, "send_to_detokenizer", None)
             if detokenizer is not None:

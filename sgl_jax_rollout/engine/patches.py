@@ -16,8 +16,9 @@ name or signature it relies on changes. The engine must run with overlap schedul
   outputs to the collector before the result is processed.
 - `record_before_stream`: wraps `Scheduler.stream_output` so per-token values are recorded
   (and completions finalised) before sgl-jax sends the output to the caller.
-- `idle_wait_and_stop`: wraps `Scheduler.on_idle`: an idle scheduler waits on its sockets
-  (upstream spins a core at 100%) and exits its thread when the engine is shut down.
+- `idle_wait_and_stop`: wraps `Scheduler.on_idle`: a fully idle scheduler runs the engine's
+  `IdleWork` (weight swap, cache flush), then waits on its sockets and on the work pipe
+  (upstream spins a core at 100%), and exits its thread when the engine is shut down.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from sgl_jax_rollout.engine.collector import Collector, StepValues
+from sgl_jax_rollout.engine.idle_work import IdleWork
 from sgl_jax_rollout.engine.rows import RequestSpec, build_rows, sampler_config
 from sgl_jax_rollout.sampling.batch import SamplerConfig
 from sgl_jax_rollout.sampling.options import SamplingOptions
@@ -56,6 +58,7 @@ class EngineHooks:
     collector: Collector
     valid_vocab_size: int | None
     stop: threading.Event = dataclasses.field(default_factory=threading.Event)
+    idle_work: IdleWork = dataclasses.field(default_factory=IdleWork)
 
 
 _active: EngineHooks | None = None
@@ -302,7 +305,7 @@ def _record_before_stream(original, self, reqs, *args, **kwargs):
 
 
 def _idle_wait_and_stop(original, self, *args, **kwargs):
-    """idle_wait_and_stop: wait on the sockets when idle; leave the loop on shutdown."""
+    """idle_wait_and_stop: run idle work, wait on the sockets; leave the loop on shutdown."""
     result = original(self, *args, **kwargs)
     hooks = _hooks()
     stopping = getattr(self, "_sgl_jax_rollout_stop", None)
@@ -310,10 +313,14 @@ def _idle_wait_and_stop(original, self, *args, **kwargs):
         raise SystemExit  # ends this scheduler thread quietly (threading ignores SystemExit)
     if hooks is None or not self.is_fully_idle():
         return result
+    hooks.idle_work.run_pending(self)
     sockets = [getattr(self, n, None) for n in ("recv_from_tokenizer", "recv_from_rpc")]
     poller = zmq.Poller()
     for sock in sockets:
         if sock is not None:
             poller.register(sock, zmq.POLLIN)
+    poller.register(hooks.idle_work.fileno(), zmq.POLLIN)
     poller.poll(IDLE_WAIT_MS)
+    # Still fully idle: new messages stay in the sockets until the next loop iteration.
+    hooks.idle_work.run_pending(self)
     return result

@@ -51,25 +51,27 @@ class WeightSwapper:
 
     def prepare(self, params: Any) -> list[jax.Array]:
         """New leaves for the engine, checked against the current ones (raises on mismatch)."""
-        current = self.engine_state()
-        if _same_structure(params, current):
-            candidate = params
-        else:
-            candidate = self._from_tunix(params, current)
-        return _checked_leaves(candidate, current)
+        try:
+            leaves, treedef = jax.tree_util.tree_flatten(params)
+        except Exception as err:
+            raise ValueError(f"update_params: cannot read the new parameters: {err}") from err
+        if treedef != self._treedef:
+            leaves = self._from_tunix(treedef, leaves, params)
+        return self._checked(leaves)
 
     def swap(self, leaves: list[jax.Array]) -> None:
         self._runner.model_state_leaves = list(leaves)
         for variable, leaf in zip(self._variables, leaves, strict=True):
             variable.set_value(leaf)
 
-    def _from_tunix(self, params: Any, current: nnx.State) -> Any:
+    def _from_tunix(self, src_def: Any, src_leaves: list, params: Any) -> list[jax.Array]:
         family = TUNIX_FAMILIES.get(self._model_type)
         if family is None:
             raise ValueError(
-                f"update_params: no tunix mapping for model_type {self._model_type!r}; "
-                f"pass the engine's own layout (supported tunix families: "
-                f"{sorted(TUNIX_FAMILIES)})"
+                f"update_params: the parameters are not in the engine's layout and there is no "
+                f"tunix mapping for model_type {self._model_type!r} (supported tunix families: "
+                f"{sorted(TUNIX_FAMILIES)}); first difference: "
+                f"{_structure_difference(params, self.engine_state())}"
             )
         from tunix.generate import mappings
         from tunix.generate import utils as tunix_utils
@@ -101,63 +103,45 @@ class WeightSwapper:
             # lists in and out keep the per-call dispatch cheap.
             shardings = [x.sharding for x in self._runner.model_state_leaves]
             self._mapper = jax.jit(transfer, static_argnums=0, out_shardings=shardings)
-        src_leaves, src_def = jax.tree_util.tree_flatten(params)
         # tunix calls gc.collect() while tracing: a full collection over everything jax and
         # sgl-jax allocated (~270 ms). Frozen objects are skipped; unfreeze right after.
         gc.freeze()
         try:
-            leaves = self._mapper(src_def, src_leaves, jax.tree_util.tree_leaves(current))
+            return self._mapper(src_def, src_leaves, self._runner.model_state_leaves)
         except Exception as err:  # tunix raises several types; name the stage for the user
             raise ValueError(f"update_params: mapping the tunix state failed: {err}") from err
         finally:
             gc.unfreeze()
-        return jax.tree_util.tree_unflatten(self._treedef, leaves)
 
-
-def _same_structure(params: Any, current: nnx.State) -> bool:
-    try:
-        return jax.tree_util.tree_structure(params) == jax.tree_util.tree_structure(current)
-    except Exception:
-        return False
-
-
-def _checked_leaves(candidate: Any, current: nnx.State) -> list[jax.Array]:
-    old, old_def = jax.tree_util.tree_flatten(current)
-    try:
-        new, new_def = jax.tree_util.tree_flatten(candidate)
-    except Exception as err:
-        raise ValueError(f"update_params: cannot read the new parameters: {err}") from err
-    if new_def != old_def:
-        _raise_structure_mismatch(candidate, current)
-    leaves = []
-    for index, (old_leaf, new_leaf) in enumerate(zip(old, new, strict=True)):
-        if not hasattr(new_leaf, "shape") or tuple(new_leaf.shape) != tuple(old_leaf.shape):
-            raise ValueError(
-                f"update_params: parameter {_leaf_name(current, index)} has shape "
-                f"{getattr(new_leaf, 'shape', type(new_leaf).__name__)}, the engine expects "
-                f"{tuple(old_leaf.shape)}"
-            )
-        if new_leaf.dtype != old_leaf.dtype:
-            new_leaf = new_leaf.astype(old_leaf.dtype)
-        if getattr(new_leaf, "sharding", None) != old_leaf.sharding:
-            new_leaf = jax.device_put(new_leaf, old_leaf.sharding)
-        leaves.append(new_leaf)
-    return leaves
+    def _checked(self, new: list) -> list[jax.Array]:
+        """Each new leaf with the engine leaf's shape, dtype and sharding (raises naming it)."""
+        leaves = []
+        for index, (old_leaf, new_leaf) in enumerate(
+            zip(self._runner.model_state_leaves, new, strict=True)
+        ):
+            if not hasattr(new_leaf, "shape") or tuple(new_leaf.shape) != tuple(old_leaf.shape):
+                raise ValueError(
+                    f"update_params: parameter {_leaf_name(self.engine_state(), index)} has "
+                    f"shape {getattr(new_leaf, 'shape', type(new_leaf).__name__)}, the engine "
+                    f"expects {tuple(old_leaf.shape)}"
+                )
+            if new_leaf.dtype != old_leaf.dtype:
+                new_leaf = new_leaf.astype(old_leaf.dtype)
+            if getattr(new_leaf, "sharding", None) != old_leaf.sharding:
+                new_leaf = jax.device_put(new_leaf, old_leaf.sharding)
+            leaves.append(new_leaf)
+        return leaves
 
 
 def _leaf_name(tree: Any, index: int) -> str:
     return jax.tree_util.keystr(jax.tree_util.tree_flatten_with_path(tree)[0][index][0])
 
 
-def _raise_structure_mismatch(candidate: Any, current: nnx.State) -> None:
-    """Names the first parameter where the new tree differs from the engine's (slow path)."""
+def _structure_difference(candidate: Any, current: nnx.State) -> str:
+    """The first parameter where the new tree differs from the engine's (error path only)."""
     old = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(current)[0]]
     new = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(candidate)[0]]
     for engine_name, new_name in zip(old, new, strict=False):
         if engine_name != new_name:
-            raise ValueError(
-                f"update_params: parameter {new_name} found where the engine has {engine_name}"
-            )
-    raise ValueError(
-        f"update_params: expected {len(old)} parameters in the engine layout, got {len(new)}"
-    )
+            return f"parameter {new_name} found where the engine has {engine_name}"
+    return f"{len(new)} parameters where the engine has {len(old)}"
