@@ -79,7 +79,6 @@ class SglangJaxRollout(BaseRollout):
             defaults = defaults.replace(**dict(sampling))
         self._defaults = defaults
         self._rollout_config = rollout_config
-        self._actor = rollout_actor
         self._fresh_seeds = np.random.default_rng(seed)
         self._engine = RolloutEngine(model_path, settings)
         self._tokenizer = TokenizerAdapter(tokenizer or self._engine.tokenizer)
@@ -136,8 +135,12 @@ class SglangJaxRollout(BaseRollout):
                 "ignore_eos=True cannot be combined with stop_token_ids or eos_tokens: the "
                 "pinned sgl-jax ignores every stop id when ignore_eos is set"
             )
-        # eos_tokens stop generation in addition to the model's EOS ids.
+        # eos_tokens stop generation in addition to the model's EOS ids. So does the pad id:
+        # tunix's trainer reads every pad as padding, so no token may follow a sampled pad.
         stop_ids = list(options.stop_token_ids) + eos
+        pad = self._tokenizer.pad_id()
+        if not options.ignore_eos and pad is not None and pad not in stop_ids + self._model_eos:
+            stop_ids.append(int(pad))
         hold_back = [] if options.ignore_eos else stop_ids + self._model_eos
         single = options.replace(n=1)
         specs, rows = [], []
@@ -177,7 +180,7 @@ class SglangJaxRollout(BaseRollout):
         )
 
     def _prompt_ids(self, text: str, max_length: int, index: int) -> list[int]:
-        ids = self._tokenizer.encode(text)
+        ids = self._tokenizer.encode(str(text))  # tunix's learners pass numpy str_ items
         bos = [self._tokenizer.bos_id()] if self._tokenizer.bos_id() else []
         ids = self._tokenizer.dedup_bos_ids(bos + list(ids))
         ids, dropped = inputs.truncate_left(ids, max_length)
@@ -227,8 +230,12 @@ class SglangJaxRollout(BaseRollout):
         return self._tokenizer.eos_id()
 
     def model(self) -> Any:
-        """The tunix model the cluster passed in (the engine holds its own copy of weights)."""
-        return self._actor
+        """The engine's own nnx model (its weights are what `generate` samples with).
+
+        Never the trainer's actor: tunix compares `model()` with the actor to decide whether
+        the two share weights, and syncs only when they do not.
+        """
+        return self._engine.model_runner.model
 
     def shutdown(self) -> None:
         self._engine.shutdown()

@@ -51,6 +51,13 @@ def entropy_of_weights(
     return entropy_from_mass(mass, moment)
 
 
+def entropy_of_logits(logits: Float[Array, "... vocab"]) -> Float[Array, ...]:
+    """Entropy of `softmax(logits)` along the last axis, in float32 (one pass per row)."""
+    flat = logits.reshape(-1, logits.shape[-1]).astype(jnp.float32)
+    mass, moment = mass_and_moment(flat, finite_or_zero(jnp.max(flat, axis=-1)))
+    return entropy_from_mass(mass, moment).reshape(logits.shape[:-1])
+
+
 def log_or_neg_inf(x: Float[Array, ...]) -> Float[Array, ...]:
     """`log x` with log 0 = -inf and no warning-producing NaN paths."""
     return jnp.where(x > 0, jnp.log(jnp.where(x > 0, x, 1.0)), -jnp.inf)

@@ -1,0 +1,128 @@
+"""Cluster wiring: one call builds tunix's `RLCluster` around our rollout (or the vanilla one).
+
+Owns `RolloutCluster`, an `RLCluster` whose `generate` keeps what tunix 0.1.7's merge of
+micro-batches drops: it records each micro-batch output of the rollout while tunix's own
+`generate` runs (nothing of it is copied), and returns a `RolloutOutputWithEntropy` with the
+entropy concatenated in the same order; the last result stays in `last_rollout` for the
+learners. It also snapshots the initial policy as tunix's anchor state, so trainer-side
+logprobs of step 0 (`get_actor_per_token_logps`) are available before the first sync
+(`snapshot_policy`; the learners call it again where the rollout shares the actor's weights
+and tunix never syncs).
+
+`build_cluster` loads the actor (and reference, and a critic for PPO) from a model directory
+(the built-in tiny model by default) on one mesh and picks the rollout engine:
+`"sglang_jax"` (our `SglangJaxRollout`) or `"vanilla"` (`VanillaRolloutWithEntropy`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+from pathlib import Path
+from typing import Any
+
+import jax
+from flax import nnx
+from tunix.rl import rl_cluster as rl_cluster_lib
+from tunix.rl import utils as rl_utils
+
+from sgl_jax_rollout.rollout import RolloutOutputWithEntropy
+from tunix_adapter.models import load_tunix_model
+
+ROLLOUTS = ("sglang_jax", "vanilla")
+
+
+class RolloutCluster(rl_cluster_lib.RLCluster):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.last_rollout: RolloutOutputWithEntropy | None = None
+        if self._anchor_policy_state is None:
+            self.snapshot_policy()
+
+    def snapshot_policy(self) -> None:
+        """Stores the actor's current weights as tunix's anchor state (what `sync_weights`
+        stores), the weights `get_actor_per_token_logps` scores with."""
+        self._anchor_policy_state = rl_utils.put_params_on_memory_kind(
+            nnx.state(self.actor_trainer.model), "pinned_host"
+        )
+
+    def generate(self, prompts, *args: Any, **kwargs: Any) -> RolloutOutputWithEntropy:
+        rollout = self.rollout
+        parts = []
+        original = rollout.generate
+
+        def recording(*a: Any, **k: Any):
+            out = original(*a, **k)
+            parts.append(out)
+            return out
+
+        rollout.generate = recording  # instance attribute, removed below
+        try:
+            merged = super().generate(prompts, *args, **kwargs)
+        finally:
+            del rollout.generate
+        entropy = None
+        if parts and all(getattr(p, "entropy", None) is not None for p in parts):
+            entropy = list(itertools.chain.from_iterable(p.entropy for p in parts))
+        fields = {f.name: getattr(merged, f.name) for f in dataclasses.fields(merged)}
+        self.last_rollout = RolloutOutputWithEntropy(**fields, entropy=entropy)
+        return self.last_rollout
+
+
+def build_cluster(
+    *,
+    rollout: str = "sglang_jax",
+    model_path: str | Path | None = None,
+    rollout_config: Any,
+    training_config: rl_cluster_lib.RLTrainingConfig,
+    mesh: jax.sharding.Mesh | None = None,
+    engine_settings: Any = None,
+    sampling: Any = None,
+    with_reference: bool = True,
+    with_critic: bool = False,
+) -> RolloutCluster:
+    """A `RolloutCluster` for `model_path` with the named rollout on one (CPU or TPU) mesh."""
+    if rollout not in ROLLOUTS:
+        raise ValueError(f"rollout must be one of {ROLLOUTS}, got {rollout!r}")
+    from transformers import AutoTokenizer
+
+    from sgl_jax_rollout.tiny_model import default_model_dir
+
+    model_path = Path(model_path) if model_path else default_model_dir()
+    # Auto axes: tunix's models index and gather without explicit output shardings.
+    mesh = mesh or jax.make_mesh(
+        (1, 1), ("fsdp", "tp"), axis_types=(jax.sharding.AxisType.Auto,) * 2
+    )
+    if rollout == "sglang_jax":
+        from sgl_jax_rollout.engine.engine import require_sgl_jax
+        from sgl_jax_rollout.rollout import SglangJaxRollout
+
+        require_sgl_jax()
+        engine: Any = functools.partial(
+            SglangJaxRollout,
+            model_path=model_path,
+            engine_settings=engine_settings,
+            sampling=sampling,
+        )
+    else:
+        from tunix_adapter.vanilla import VanillaRolloutWithEntropy
+
+        engine = VanillaRolloutWithEntropy
+    actor = load_tunix_model(model_path, mesh)
+    critic = None
+    if with_critic:
+        critic = rl_utils.create_critic_model(load_tunix_model(model_path, mesh))
+    config = rl_cluster_lib.ClusterConfig(
+        role_to_mesh={role: mesh for role in rl_cluster_lib.Role},
+        rollout_engine=engine,
+        training_config=training_config,
+        rollout_config=rollout_config,
+    )
+    return RolloutCluster(
+        actor=actor,
+        critic=critic,
+        reference=load_tunix_model(model_path, mesh) if with_reference else None,
+        tokenizer=AutoTokenizer.from_pretrained(model_path),
+        cluster_config=config,
+    )

@@ -1,0 +1,247 @@
+"""The main job: `sgl-jax-rollout demo`: GRPO / EGPO / PPO on the built-in model, on CPU.
+
+Owns the toy task (prompts, `rewards.vowel_word_reward`), the training configuration of
+each algorithm, the per-step report (tqdm bar; reward mean, completion length, rollout
+entropy mean, trainer/rollout logprob difference) and the outputs in `--out DIR`:
+`metrics.jsonl` (one line per step) and `metrics.png` (reward and entropy over steps).
+Every number comes from tunix's metrics buffer, through the cluster's external logger.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+ALGOS = ("grpo", "egpo", "ppo")
+REPORTED = {
+    "reward_mean": "rewards/score/mean",
+    "completion_length": "completions/mean_length",
+    "entropy_mean": "rollout/entropy_mean",
+    "logp_diff_mean": "rollout/trainer_logp_abs_diff_mean",
+    "logp_diff_max": "rollout/trainer_logp_abs_diff_max",
+}
+# Sized for the demo's batches (16 samples x (prompt + 16 tokens)) on CPU; `--preset` replaces
+# them when presets exist.
+DEMO_ENGINE_SETTINGS = dict(
+    max_running_requests=16,
+    precompile_bs_paddings=(1, 4, 16),
+    precompile_token_paddings=(256, 1024),
+    max_prefill_tokens=1024,
+    context_length=256,
+    max_total_tokens=4096,
+)
+_SUBJECTS = [
+    "water",
+    "time",
+    "people",
+    "number",
+    "answer",
+    "word",
+    "place",
+    "day",
+    "work",
+    "tool",
+    "search",
+    "plan",
+    "result",
+    "man",
+    "sum",
+    "step",
+    "call",
+    "way",
+    "part",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class DemoConfig:
+    algo: str = "grpo"
+    rollout: str = "sglang_jax"
+    steps: int = 20
+    model_path: str | None = None
+    out: str | None = None
+    seed: int = 0
+    prompts_per_step: int = 4
+    num_generations: int = 4
+    max_tokens: int = 16
+    learning_rate: float = 1e-3
+    engine_settings: Any = None
+    show_progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.algo not in ALGOS:
+            raise ValueError(f"algo must be one of {ALGOS}, got {self.algo!r}")
+        for name in ("steps", "prompts_per_step", "max_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.num_generations < 2:
+            raise ValueError(f"num_generations must be >= 2, got {self.num_generations}")
+        if not (0 < self.learning_rate < 1):
+            raise ValueError(f"learning_rate must be in (0, 1), got {self.learning_rate}")
+
+
+def prompts(count: int, seed: int) -> list[str]:
+    rng = np.random.default_rng(seed)
+    return [f"Tell me about the {rng.choice(_SUBJECTS)}:" for _ in range(count)]
+
+
+def run(config: DemoConfig) -> list[dict[str, float]]:
+    """Trains for `config.steps` global steps; returns one dict of `REPORTED` per step."""
+    import optax
+    from tunix.rl import rl_cluster as rl_cluster_lib
+
+    from sgl_jax_rollout.tunix_compat import RolloutConfig
+    from tunix_adapter.cluster import build_cluster
+    from tunix_adapter.rewards import vowel_word_reward
+
+    rollout_config = RolloutConfig(
+        max_tokens_to_generate=config.max_tokens,
+        max_prompt_length=16,
+        temperature=1.0,
+        top_p=None,
+        top_k=None,
+        seed=config.seed,
+        return_logprobs=True,
+        kv_cache_size=128,
+    )
+    training = rl_cluster_lib.RLTrainingConfig(
+        actor_optimizer=optax.adam(config.learning_rate),
+        critic_optimizer=optax.adam(config.learning_rate) if config.algo == "ppo" else None,
+        eval_every_n_steps=10**9,
+        max_steps=config.steps,
+    )
+    cluster = build_cluster(
+        rollout=config.rollout,
+        model_path=config.model_path,
+        rollout_config=rollout_config,
+        training_config=training,
+        engine_settings=config.engine_settings or DEMO_ENGINE_SETTINGS,
+        with_reference=False,
+        with_critic=config.algo == "ppo",
+    )
+    history: list[dict[str, float]] = []
+    bar = tqdm(
+        total=config.steps,
+        desc=f"{config.algo} ({config.rollout})",
+        unit="step",
+        disable=not config.show_progress,
+    )
+
+    def record(buffer) -> None:
+        if str(buffer.mode) != str(rl_cluster_lib.Mode.TRAIN):
+            return
+        row = {"step": len(history)}
+        for key, name in REPORTED.items():
+            if name in buffer.metrics:
+                values, op = buffer.metrics[name]
+                row[key] = float((op or np.mean)(np.asarray(values, np.float64)))
+        if "reward_mean" not in row:
+            return
+        history.append(row)
+        bar.update(1)
+        bar.write(_line(row))
+
+    cluster.with_external_metrics_logger(record)
+    try:
+        learner = _learner(config, cluster, vowel_word_reward)
+        batches = [
+            # numpy arrays, as tunix's data pipelines give them (it repeats them along axis 0)
+            {"prompts": np.array(prompts(config.prompts_per_step, config.seed * 100_003 + step))}
+            for step in range(config.steps)
+        ]
+        learner.train(batches)  # closes the cluster, which flushes the last step's metrics
+    finally:
+        bar.close()
+        shutdown = getattr(cluster.rollout, "shutdown", None)
+        if shutdown is not None:
+            shutdown()
+    if config.out:
+        write_outputs(history, Path(config.out), config)
+    return history
+
+
+def _learner(config: DemoConfig, cluster, reward):
+    if config.algo == "ppo":
+        from tunix.rl.ppo.ppo_learner import PPOConfig, PPOLearner
+
+        return PPOLearner(
+            rl_cluster=cluster,
+            ppo_config=PPOConfig(beta=0.0, entropy_coef=None),
+            reward_fns=[reward],
+            metric_fns=[_ppo_rollout_metrics(cluster)],
+        )
+    from tunix_adapter.learners import RolloutGRPOConfig, RolloutGRPOLearner
+
+    think = _think_ids(cluster)
+    algo = RolloutGRPOConfig(
+        num_generations=config.num_generations,
+        beta=0.0,
+        advantage_estimator="egpo" if config.algo == "egpo" else "grpo",
+        think_start_id=think[0],
+        think_end_id=think[1],
+    )
+    return RolloutGRPOLearner(rl_cluster=cluster, algo_config=algo, reward_fns=[reward])
+
+
+def _think_ids(cluster) -> tuple[int | None, int | None]:
+    vocab = cluster.tokenizer.tokenizer.get_vocab()
+    start, end = vocab.get("<think>"), vocab.get("</think>")
+    return (start, end) if start is not None and end is not None else (None, None)
+
+
+def _ppo_rollout_metrics(cluster):
+    """tunix's PPO learner takes metric functions: log the rollout entropy through one."""
+    from tunix_adapter.metrics import rollout_metrics
+
+    def metric_fn(prompts, completions, rewards, advantages, **_: Any):
+        out = cluster.last_rollout
+        width = max(1, max(len(t) for t in out.tokens))
+        mask = np.zeros((len(out.tokens), width), bool)
+        entropy = np.zeros((len(out.tokens), width))
+        for i, values in enumerate(out.entropy):
+            mask[i, : len(values)] = True
+            entropy[i, : len(values)] = values
+        return rollout_metrics(mask, entropy)
+
+    return metric_fn
+
+
+def _line(row: dict[str, float]) -> str:
+    parts = [f"step {row['step']:3d}", f"reward {row['reward_mean']:.3f}"]
+    if "completion_length" in row:
+        parts.append(f"len {row['completion_length']:.1f}")
+    if "entropy_mean" in row:
+        parts.append(f"entropy {row['entropy_mean']:.3f}")
+    if "logp_diff_mean" in row:
+        parts.append(f"|logp trainer-rollout| mean {row['logp_diff_mean']:.2e}")
+        parts.append(f"max {row['logp_diff_max']:.2e}")
+    return "  ".join(parts)
+
+
+def write_outputs(history: list[dict[str, float]], out: Path, config: DemoConfig) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "metrics.jsonl", "w") as f:
+        for row in history:
+            f.write(json.dumps({**row, "algo": config.algo, "rollout": config.rollout}) + "\n")
+    steps = [r["step"] for r in history]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
+    top.plot(steps, [r["reward_mean"] for r in history], marker="o")
+    top.set_ylabel("reward mean")
+    top.set_title(f"{config.algo.upper()} with the {config.rollout} rollout")
+    bottom.plot(steps, [r.get("entropy_mean", math.nan) for r in history], marker="o", color="C1")
+    bottom.set_ylabel("rollout entropy mean")
+    bottom.set_xlabel("step")
+    fig.tight_layout()
+    fig.savefig(out / "metrics.png", dpi=100)
+    plt.close(fig)
