@@ -33,9 +33,21 @@ lint: $(STAMP)
 test: lint
 	$(PY) -m pytest -q
 
-demo:
-	@echo "make demo: the GRPO / EGPO / PPO demo arrives with the training issue; not available yet." >&2
-	@exit 2
+# make demo: the environment, the engine when missing (DESIGN.md section 2: from its upstream
+# repository at the pinned commit; it is not on PyPI at a usable version), the tiny model,
+# then 20 GRPO steps on CPU. DEMO_ARGS passes more options (e.g. DEMO_ARGS="--algo egpo").
+SGL_JAX_COMMIT := cddbf6f1cc33cbdd453bd8f36ff7051cf46ca176
+SGL_JAX_SPEC := sglang-jax[cpu] @ git+https://github.com/sgl-project/sglang-jax@$(SGL_JAX_COMMIT)\#subdirectory=python
+DEMO_ARGS ?=
+
+demo: $(STAMP)
+	@$(PY) -c 'import sgl_jax' 2>/dev/null || { \
+		echo "make demo: installing sgl-jax $(SGL_JAX_COMMIT) from its upstream repository" >&2; \
+		$(PY) -m pip install --quiet "$(SGL_JAX_SPEC)" || { \
+			echo "make demo: could not install sgl-jax (needs Python 3.12 and access to github.com)." >&2; \
+			echo "Install it by hand: $(PY) -m pip install \"$(SGL_JAX_SPEC)\"" >&2; exit 2; }; }
+	@$(PY) -c 'from sgl_jax_rollout.tiny_model import default_model_dir as d; print("tiny model:", d())'
+	$(VENV)/bin/sgl-jax-rollout demo --steps 20 --algo grpo --out demo_out $(DEMO_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,7 +1,9 @@
 """The `sgl-jax-rollout` command line.
 
 Owns argument parsing and dispatch only: each subcommand calls one library function.
-Subcommands: `make-tiny-model DIR`, `bench sampler|rollout|weights [--json]`.
+Subcommands: `demo` (the main job; it runs `tunix_adapter.demo`, the one place this package
+reaches the trainer side, imported only when the subcommand runs), `make-tiny-model DIR`,
+`bench sampler|rollout|weights [--json]`.
 """
 
 from __future__ import annotations
@@ -44,6 +46,43 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _demo(args: argparse.Namespace) -> int:
+    if args.preset is not None:
+        print(
+            "sgl-jax-rollout: error: --preset: no TPU presets exist yet (tpu_configs arrives "
+            "with the presets issue); run without --preset for the CPU demo",
+            file=sys.stderr,
+        )
+        return 2
+    if args.rollout == "sglang_jax":
+        from sgl_jax_rollout.engine.engine import require_sgl_jax
+
+        try:
+            require_sgl_jax()
+        except ImportError as err:
+            print(f"sgl-jax-rollout: {err}", file=sys.stderr)
+            print("(or run the demo on tunix's rollout: --rollout vanilla)", file=sys.stderr)
+            return 2
+    from tunix_adapter.demo import DemoConfig, run
+
+    config = DemoConfig(
+        algo=args.algo,
+        rollout=args.rollout,
+        steps=args.steps,
+        model_path=args.model_path,
+        out=args.out,
+        seed=args.seed,
+    )
+    history = run(config)
+    first, last = history[0]["reward_mean"], history[-1]["reward_mean"]
+    print(
+        f"{args.algo} with the {args.rollout} rollout: {len(history)} steps, reward mean "
+        f"{first:.3f} -> {last:.3f}; metrics in {args.out}/metrics.jsonl, plot in "
+        f"{args.out}/metrics.png"
+    )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from sgl_jax_rollout.tiny_model.builder import ARCHITECTURES, DEFAULT_VOCAB
 
@@ -53,6 +92,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = parser.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser(
+        "demo",
+        help="train the built-in model on a toy task (GRPO / EGPO / PPO) on CPU",
+        description="Trains with tunix on a toy task (reward: the share of words that start "
+        "with a vowel), printing per step the reward mean, completion length, rollout "
+        "entropy and trainer/rollout logprob difference; writes metrics.jsonl and "
+        "metrics.png to --out.",
+    )
+    demo.add_argument("--algo", choices=["grpo", "egpo", "ppo"], default="grpo")
+    demo.add_argument("--rollout", choices=["sglang_jax", "vanilla"], default="sglang_jax")
+    demo.add_argument("--steps", type=int, default=20, help="training steps (>= 1)")
+    demo.add_argument("--model-path", default=None, help="HF model dir (default: tiny model)")
+    demo.add_argument("--out", default="demo_out", help="output directory (default: demo_out)")
+    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--preset", default=None, help="TPU preset (not available yet)")
+    demo.set_defaults(func=_demo)
 
     tiny = sub.add_parser(
         "make-tiny-model",
@@ -92,9 +148,9 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    if getattr(args, "steps", 20) < 20:
+    if args.command == "bench" and args.steps < 20:
         parser.error(f"--steps must be >= 20, got {args.steps}")
-    if getattr(args, "runs", 5) < 5:
+    if args.command == "bench" and args.runs < 5:
         parser.error(f"--runs must be >= 5, got {args.runs}")
     try:
         return args.func(args)

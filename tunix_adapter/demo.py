@@ -93,6 +93,12 @@ def prompts(count: int, seed: int) -> list[str]:
 
 def run(config: DemoConfig) -> list[dict[str, float]]:
     """Trains for `config.steps` global steps; returns one dict of `REPORTED` per step."""
+    cluster, learner = build(config)
+    return train(config, cluster, learner)
+
+
+def build(config: DemoConfig):
+    """(cluster, learner) of the demo: the toy task on the built-in model (or `model_path`)."""
     import optax
     from tunix.rl import rl_cluster as rl_cluster_lib
 
@@ -104,7 +110,7 @@ def run(config: DemoConfig) -> list[dict[str, float]]:
         max_tokens_to_generate=config.max_tokens,
         max_prompt_length=16,
         temperature=1.0,
-        top_p=None,
+        top_p=1.0,  # not None: tunix's vanilla sampler is greedy when top_p is None
         top_k=None,
         seed=config.seed,
         return_logprobs=True,
@@ -125,6 +131,17 @@ def run(config: DemoConfig) -> list[dict[str, float]]:
         with_reference=False,
         with_critic=config.algo == "ppo",
     )
+    try:
+        return cluster, _learner(config, cluster, vowel_word_reward)
+    except BaseException:
+        _shutdown(cluster)
+        raise
+
+
+def train(config: DemoConfig, cluster, learner) -> list[dict[str, float]]:
+    """Runs the learner on the demo's batches; reports and writes the metrics of every step."""
+    from tunix.rl import rl_cluster as rl_cluster_lib
+
     history: list[dict[str, float]] = []
     bar = tqdm(
         total=config.steps,
@@ -149,7 +166,6 @@ def run(config: DemoConfig) -> list[dict[str, float]]:
 
     cluster.with_external_metrics_logger(record)
     try:
-        learner = _learner(config, cluster, vowel_word_reward)
         batches = [
             # numpy arrays, as tunix's data pipelines give them (it repeats them along axis 0)
             {"prompts": np.array(prompts(config.prompts_per_step, config.seed * 100_003 + step))}
@@ -158,12 +174,16 @@ def run(config: DemoConfig) -> list[dict[str, float]]:
         learner.train(batches)  # closes the cluster, which flushes the last step's metrics
     finally:
         bar.close()
-        shutdown = getattr(cluster.rollout, "shutdown", None)
-        if shutdown is not None:
-            shutdown()
+        _shutdown(cluster)
     if config.out:
         write_outputs(history, Path(config.out), config)
     return history
+
+
+def _shutdown(cluster) -> None:
+    shutdown = getattr(cluster.rollout, "shutdown", None)
+    if shutdown is not None:
+        shutdown()
 
 
 def _learner(config: DemoConfig, cluster, reward):
