@@ -104,6 +104,8 @@ class SglangJaxRollout(BaseRollout):
         **kwargs: Any,
     ) -> RolloutOutputWithEntropy:
         """Samples completions; `kwargs` override any `SamplingOptions` field for this call."""
+        if isinstance(prompts, np.ndarray) and prompts.ndim == 1:
+            prompts = prompts.tolist()  # tunix's PPO learner passes its numpy batch as is
         if isinstance(prompts, str) or not isinstance(prompts, Sequence):
             raise ValueError(f"prompts must be a list of strings, got {type(prompts).__name__}")
         if not prompts:

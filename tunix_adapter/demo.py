@@ -138,8 +138,11 @@ def build(config: DemoConfig):
         raise
 
 
-def train(config: DemoConfig, cluster, learner) -> list[dict[str, float]]:
-    """Runs the learner on the demo's batches; reports and writes the metrics of every step."""
+def train(config: DemoConfig, cluster, learner, shutdown: bool = True) -> list[dict[str, float]]:
+    """Runs the learner on the demo's batches; reports and writes the metrics of every step.
+
+    Shuts the rollout down at the end unless `shutdown=False` (then the caller does).
+    """
     from tunix.rl import rl_cluster as rl_cluster_lib
 
     history: list[dict[str, float]] = []
@@ -172,8 +175,12 @@ def train(config: DemoConfig, cluster, learner) -> list[dict[str, float]]:
             for step in range(config.steps)
         ]
         learner.train(batches)  # closes the cluster, which flushes the last step's metrics
+    except BaseException:
+        _shutdown(cluster)
+        raise
     finally:
         bar.close()
+    if shutdown:
         _shutdown(cluster)
     if config.out:
         write_outputs(history, Path(config.out), config)

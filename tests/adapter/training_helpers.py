@@ -9,8 +9,9 @@ from flax import nnx
 from tunix_adapter import demo
 
 
-def train_and_capture(config: demo.DemoConfig):
-    """(history, training examples, actor params before, actor params after, cluster).
+def train_and_capture(config: demo.DemoConfig, probe=None):
+    """(history, training examples, actor params before, actor params after, cluster), and
+    with `probe`, also (probe(cluster) before training, probe(cluster) after training).
 
     Params are copied to the host (`np.array`): a zero-copy view would follow donated buffers.
     """
@@ -25,8 +26,15 @@ def train_and_capture(config: demo.DemoConfig):
 
     learner._generate_and_compute_advantage = capturing
     before = jax.tree_util.tree_map(np.array, nnx.state(cluster.actor_trainer.model, nnx.Param))
-    history = demo.train(config, cluster, learner)
+    probed = [probe(cluster)] if probe else []
+    history = demo.train(config, cluster, learner, shutdown=probe is None)
     after = jax.tree_util.tree_map(np.array, nnx.state(cluster.actor_trainer.model, nnx.Param))
+    if probe:
+        try:
+            probed.append(probe(cluster))
+        finally:
+            cluster.rollout.shutdown()
+        return history, examples, before, after, cluster, probed
     return history, examples, before, after, cluster
 
 

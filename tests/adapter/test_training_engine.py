@@ -1,0 +1,99 @@
+"""GRPO, EGPO and PPO steps with SglangJaxRollout on the built-in model (engine-marked).
+
+Each test builds its own cluster and engine and shuts the engine down (one engine per
+process), before the session rollout of tests/test_rollout.py starts.
+"""
+
+import numpy as np
+import pytest
+
+from tests.adapter.training_helpers import changed, check_example, train_and_capture
+from tests.conftest import TEST_SETTINGS
+from tunix_adapter import demo
+
+pytestmark = pytest.mark.engine
+
+PROMPTS = ["Tell me about the water:", "Tell me about the plan:"]
+
+
+def config(tiny_dir, **kwargs) -> demo.DemoConfig:
+    return demo.DemoConfig(
+        rollout="sglang_jax",
+        model_path=str(tiny_dir),
+        engine_settings=TEST_SETTINGS,
+        show_progress=False,
+        **kwargs,
+    )
+
+
+def greedy_probe(cluster) -> dict:
+    """The engine's greedy tokens, and the actor's argmax at each of those positions."""
+    import jax.numpy as jnp
+    from flax import nnx
+    from tunix.rl import common
+
+    from sgl_jax_rollout.tunix_compat import RolloutConfig
+
+    rc = RolloutConfig(max_tokens_to_generate=12, max_prompt_length=16, temperature=0.0)
+    out = cluster.rollout.generate(PROMPTS, rc)
+    pad, eos = cluster.rollout.pad_id(), cluster.rollout.eos_id()
+    width = max(len(t) for t in out.tokens)
+    completions = np.full((len(PROMPTS), width), pad, np.int32)
+    for i, t in enumerate(out.tokens):
+        completions[i, : len(t)] = t
+    graphdef, state = nnx.split(cluster.actor_trainer.model)
+    _, logits = common.compute_per_token_logps(
+        graphdef,
+        state,
+        jnp.asarray(out.left_padded_prompt_tokens),
+        jnp.asarray(completions),
+        pad,
+        eos,
+        stop_gradient=True,
+        return_logits=True,
+    )
+    argmax = np.asarray(logits).argmax(-1)
+    return {
+        "tokens": [t.tolist() for t in out.tokens],
+        "actor_argmax": [argmax[i, : len(t)].tolist() for i, t in enumerate(out.tokens)],
+    }
+
+
+@pytest.mark.parametrize(("algo", "steps"), [("grpo", 2), ("egpo", 1)])
+def test_grpo_and_egpo_steps_train_on_rollout_logprobs_and_sync_the_engine(tiny_dir, algo, steps):
+    cfg = config(tiny_dir, algo=algo, steps=steps)
+    history, examples, before, after, cluster, (first, last) = train_and_capture(
+        cfg, probe=greedy_probe
+    )
+    assert len(history) == len(examples) == steps
+    for example in examples:
+        check_example(example, cfg, cluster.rollout.pad_id())
+    assert changed(before, after)
+    # The rollout's logprobs are the trainer's on the same weights, at every step: the
+    # weights were synced to the engine after each step.
+    assert history[0]["logp_diff_max"] < 1e-4, history[0]
+    assert all(row["logp_diff_max"] < 1e-4 for row in history), history
+    # After training the engine serves the trained weights: greedy outputs changed, and they
+    # are the trained actor's own argmax.
+    assert last["tokens"] != first["tokens"]
+    assert last["tokens"] == last["actor_argmax"]
+
+
+def test_ppo_step_runs_with_rollout_scoring_as_old_logprobs(tiny_dir):
+    cfg = config(tiny_dir, algo="ppo", steps=1)
+    history, examples, before, after, cluster = train_and_capture(cfg)
+    assert len(history) == 1
+    example = examples[0]
+    mask = np.asarray(example.completion_mask)
+    old = np.asarray(example.old_per_token_logps)
+    assert old.shape == mask.shape and np.all(old[mask] <= 0) and np.isfinite(old[mask]).all()
+    assert changed(before, after)
+    assert 0 < history[0]["entropy_mean"] < np.log(1024)
+
+
+def test_twenty_demo_steps_raise_the_mean_reward(tiny_dir, tmp_path):
+    history = demo.run(config(tiny_dir, algo="grpo", steps=20, out=str(tmp_path)))
+    rewards = [row["reward_mean"] for row in history]
+    assert len(rewards) == 20
+    assert np.mean(rewards[-5:]) > np.mean(rewards[:5]) + 0.05, rewards
+    assert (tmp_path / "metrics.png").is_file()
