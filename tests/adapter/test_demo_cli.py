@@ -1,0 +1,40 @@
+"""`sgl-jax-rollout demo` argument handling (the training itself is in the training tests)."""
+
+import sys
+
+import pytest
+
+from sgl_jax_rollout.cli import main
+from tunix_adapter.demo import DemoConfig
+
+
+def test_missing_engine_gives_the_install_command_and_exit_2(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "sgl_jax", None)  # as if sgl-jax were not installed
+    assert main(["demo", "--steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "pip install" in err and "sglang-jax" in err and "Traceback" not in err
+
+
+def test_preset_is_refused_until_presets_exist(capsys):
+    assert main(["demo", "--preset", "v5e-8"]) == 2
+    assert "--preset" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"algo": "dpo"}, "algo"),
+        ({"steps": 0}, "steps"),
+        ({"num_generations": 1}, "num_generations"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"learning_rate": 0.0}, "learning_rate"),
+    ],
+)
+def test_bad_demo_settings_raise_naming_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        DemoConfig(**kwargs)
+
+
+def test_bad_cli_values_exit_2_without_traceback(capsys):
+    assert main(["demo", "--steps", "0", "--rollout", "vanilla"]) == 2
+    assert "steps must be >= 1" in capsys.readouterr().err
