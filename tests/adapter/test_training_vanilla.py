@@ -58,3 +58,32 @@ def test_two_steps_on_the_vanilla_rollout(algo, model_dir, tmp_path):
     else:
         expected = function_registry.get_advantage_estimator("grpo")(rewards, g)
     np.testing.assert_allclose(np.asarray(example.advantages), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_cluster_keeps_entropy_in_order_across_rollout_micro_batches(model_dir):
+    import optax
+    from tunix.rl.rl_cluster import RLTrainingConfig
+
+    from sgl_jax_rollout.tunix_compat import RolloutConfig
+    from tunix_adapter.cluster import build_cluster
+
+    cluster = build_cluster(
+        rollout="vanilla",
+        model_path=model_dir,
+        # top_p None: tunix's vanilla sampler is greedy, so both calls sample the same tokens
+        rollout_config=RolloutConfig(
+            max_tokens_to_generate=8, max_prompt_length=16, top_p=None, kv_cache_size=64
+        ),
+        training_config=RLTrainingConfig(
+            actor_optimizer=optax.sgd(1e-3), eval_every_n_steps=1, max_steps=1
+        ),
+        with_reference=False,
+    )
+    prompts = demo.prompts(6, seed=3)
+    whole = cluster.generate(prompts)
+    split = cluster.generate(prompts, micro_batch_size=2)  # tunix merges 3 outputs
+    assert split is cluster.last_rollout and len(split.entropy) == len(prompts)
+    for i in range(len(prompts)):
+        assert split.tokens[i].tolist() == whole.tokens[i].tolist()
+        assert len(split.entropy[i]) == len(split.tokens[i]) == len(split.logprobs[i])
+        np.testing.assert_allclose(split.entropy[i], whole.entropy[i], atol=1e-4)
