@@ -72,6 +72,7 @@ def _demo(args: argparse.Namespace) -> int:
         model_path=args.model_path,
         out=args.out,
         seed=args.seed,
+        tis_cap=args.tis_cap,
     )
     history = run(config)
     first, last = history[0]["reward_mean"], history[-1]["reward_mean"]
@@ -107,6 +108,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--model-path", default=None, help="HF model dir (default: tiny model)")
     demo.add_argument("--out", default="demo_out", help="output directory (default: demo_out)")
     demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument(
+        "--tis-cap",
+        type=float,
+        default=None,
+        help="grpo / egpo: old policy = trainer, truncated importance sampling at this cap "
+        "(default: rollout logprobs as the old policy)",
+    )
     demo.add_argument("--preset", default=None, help="TPU preset (not available yet)")
     demo.set_defaults(func=_demo)
 

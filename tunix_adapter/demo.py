@@ -71,6 +71,7 @@ class DemoConfig:
     num_generations: int = 4
     max_tokens: int = 16
     learning_rate: float = 1e-3
+    tis_cap: float | None = None  # GRPO / EGPO: TIS against the trainer instead of rollout-old
     engine_settings: Any = None
     show_progress: bool = True
 
@@ -210,6 +211,8 @@ def _learner(config: DemoConfig, cluster, reward):
         num_generations=config.num_generations,
         beta=0.0,
         advantage_estimator="egpo" if config.algo == "egpo" else "grpo",
+        use_rollout_logprobs=config.tis_cap is None,
+        tis_cap=config.tis_cap,
         think_start_id=think[0],
         think_end_id=think[1],
     )

@@ -25,6 +25,7 @@ import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jaxtyping import Bool, Float
 from tunix.rl import rl_cluster as rl_cluster_lib
 from tunix.rl.grpo import grpo_learner
 
@@ -72,6 +73,17 @@ class RolloutGRPOConfig(grpo_learner.GRPOConfig):
             think_start_id=self.think_start_id,
             think_end_id=self.think_end_id,
         )
+
+
+def tis_weights(
+    trainer_logprobs: Float[np.ndarray, "b l"],
+    rollout_logprobs: Float[np.ndarray, "b l"],
+    completion_mask: Bool[np.ndarray, "b l"],
+    cap: float,
+) -> Float[np.ndarray, "b l"]:
+    """Truncated importance-sampling weights `min(exp(trainer - rollout), cap)`, 0 off-mask."""
+    ratio = np.exp(np.clip(trainer_logprobs - rollout_logprobs, -20.0, 20.0))
+    return np.where(completion_mask, np.minimum(ratio, cap), 0.0).astype(np.float32)
 
 
 class RolloutGRPOLearner(grpo_learner.GRPOLearner):
@@ -129,8 +141,7 @@ class RolloutGRPOLearner(grpo_learner.GRPOLearner):
         if cfg.tis_cap is not None:
             if logprobs is None:
                 raise ValueError("tis_cap needs rollout logprobs: set return_logprobs=True")
-            ratio = np.exp(np.clip(trainer - logprobs, -20.0, 20.0))
-            weights = jnp.asarray(np.where(mask, np.minimum(ratio, cfg.tis_cap), 0.0), jnp.float32)
+            weights = jnp.asarray(tis_weights(trainer, logprobs, mask, cfg.tis_cap))
         self.rl_cluster.buffer_metrics(rollout_metrics(mask, entropy, logprobs, trainer), mode=mode)
         fields = {f.name: getattr(example, f.name) for f in dataclasses.fields(example)}
         fields.update(

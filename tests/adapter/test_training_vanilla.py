@@ -19,10 +19,11 @@ def model_dir(tiny_dir):
     return str(tiny_dir)
 
 
-@pytest.mark.parametrize("algo", ["grpo", "egpo"])
-def test_two_steps_on_the_vanilla_rollout(algo, model_dir, tmp_path):
+@pytest.mark.parametrize(("algo", "tis_cap"), [("grpo", None), ("egpo", None), ("grpo", 2.0)])
+def test_two_steps_on_the_vanilla_rollout(algo, tis_cap, model_dir, tmp_path):
     config = demo.DemoConfig(
         algo=algo,
+        tis_cap=tis_cap,
         rollout="vanilla",
         steps=2,
         model_path=model_dir,

@@ -60,8 +60,15 @@ def check_example(example, config: demo.DemoConfig, pad_id: int) -> None:
     assert entropy.std() > 0  # the tiny model's distributions have varied entropy
     logprobs = np.asarray(example.rollout_logprobs)[mask]
     assert np.all(logprobs <= 0) and np.all(np.isfinite(logprobs))
-    # rollout logprobs are the old policy's logprobs (no trainer recomputation)
-    np.testing.assert_array_equal(
-        np.asarray(example.old_per_token_logps), np.asarray(example.rollout_logprobs)
-    )
+    if config.tis_cap is None:
+        # rollout logprobs are the old policy's logprobs (no trainer recomputation)
+        np.testing.assert_array_equal(
+            np.asarray(example.old_per_token_logps), np.asarray(example.rollout_logprobs)
+        )
+        assert example.sampler_is_weights is None
+    else:  # the old policy is the trainer's; TIS weights correct the rollout mismatch
+        assert example.old_per_token_logps is None
+        weights = np.asarray(example.sampler_is_weights)
+        assert weights.shape == shape and np.all(weights[~mask] == 0)
+        assert np.all((weights[mask] > 0) & (weights[mask] <= config.tis_cap))
     assert np.asarray(example.advantages).shape == (rows,)
