@@ -28,7 +28,7 @@ def _bench(args: argparse.Namespace) -> int:
 
         result = sampler_bench.run(steps=args.steps)
     else:
-        from sgl_jax_rollout.engine.engine import require_sgl_jax
+        from sgl_jax_rollout.engine.availability import require_sgl_jax
 
         try:
             require_sgl_jax()
@@ -55,7 +55,7 @@ def _demo(args: argparse.Namespace) -> int:
         )
         return 2
     if args.rollout == "sglang_jax":
-        from sgl_jax_rollout.engine.engine import require_sgl_jax
+        from sgl_jax_rollout.engine.availability import require_sgl_jax
 
         try:
             require_sgl_jax()

@@ -95,7 +95,7 @@ def build_cluster(
         (1, 1), ("fsdp", "tp"), axis_types=(jax.sharding.AxisType.Auto,) * 2
     )
     if rollout == "sglang_jax":
-        from sgl_jax_rollout.engine.engine import require_sgl_jax
+        from sgl_jax_rollout.engine.availability import require_sgl_jax
         from sgl_jax_rollout.rollout import SglangJaxRollout
 
         require_sgl_jax()

@@ -1,7 +1,7 @@
 """The in-process sgl-jax engine with our sampler: settings, patches, per-request stores.
 
-`settings`, `rows` and `collector` import no sgl_jax; `patches`, `sampler_module`, `weights`
-and `engine` need it (import them only once sgl_jax is installed).
+`availability`, `settings`, `rows`, `collector` and `idle_work` import no sgl_jax; `patches`,
+`sampler_module`, `weights` and `engine` need it (import them only once sgl_jax is installed).
 """
 
 from sgl_jax_rollout.engine.settings import EngineSettings

@@ -28,30 +28,16 @@ from typing import Any
 import numpy as np
 
 from sgl_jax_rollout.engine import patches
+from sgl_jax_rollout.engine.availability import require_sgl_jax
 from sgl_jax_rollout.engine.collector import Collector, Completion
 from sgl_jax_rollout.engine.rows import RequestSpec
 from sgl_jax_rollout.engine.settings import EngineSettings
 
 logger = logging.getLogger(__name__)
 
-INSTALL_HINT = (
-    'pip install "sglang-jax[cpu] @ git+https://github.com/sgl-project/sglang-jax@'
-    f'{patches.PINNED_COMMIT}#subdirectory=python"  (use [tpu] on TPU)'
-)
 SCHEDULER_THREAD_PREFIX = "sglang::scheduler"
 DETOKENIZER_THREAD_PREFIX = "sglang-jax::detokenizer"
 STOP_TIMEOUT_S = 30.0
-
-
-def require_sgl_jax() -> None:
-    """Raises ImportError with the install command when sgl-jax is not importable."""
-    try:
-        import sgl_jax  # noqa: F401
-    except ImportError as err:
-        raise ImportError(
-            f"sgl-jax is not installed (it is not on PyPI at a usable version). Install it "
-            f"with: {INSTALL_HINT}"
-        ) from err
 
 
 class RolloutEngine:
@@ -272,7 +258,7 @@ class RolloutEngine:
     def shutdown(self) -> None:
         """Stops the engine's own threads and closes its sockets; touches no other process.
 
-        Reads upstream attributes (commit in `patches.PINNED_COMMIT`): the scheduler leaves its
+        Reads upstream attributes (commit in `availability.PINNED_COMMIT`): the scheduler leaves its
         loop at the next idle check (`patches` idle_wait_and_stop); the detokenizer thread,
         blocked on its socket, gets a message whose unpickling raises SystemExit (any
         Exception there makes upstream SIGQUIT the whole process); then every socket is closed

@@ -37,6 +37,7 @@ import zmq
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from sgl_jax_rollout.engine.availability import PINNED_COMMIT
 from sgl_jax_rollout.engine.collector import Collector, StepValues
 from sgl_jax_rollout.engine.idle_work import IdleWork
 from sgl_jax_rollout.engine.rows import RequestSpec, build_rows, sampler_config
@@ -45,7 +46,6 @@ from sgl_jax_rollout.sampling.options import SamplingOptions
 
 logger = logging.getLogger(__name__)
 
-PINNED_COMMIT = "cddbf6f1cc33cbdd453bd8f36ff7051cf46ca176"
 IDLE_WAIT_MS = 50
 _MARK = "__sgl_jax_rollout_patch__"
 _APPLY_LOCK = threading.Lock()

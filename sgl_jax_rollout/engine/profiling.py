@@ -2,7 +2,7 @@
 
 Owns `time_jitted_calls(model_runner)`, a context manager for benchmarks only. It wraps the
 *instance* attributes `forward` and `sample` of one sgl-jax `ModelRunner` (upstream
-`ModelRunner.forward` / `ModelRunner.sample`, commit in `patches.PINNED_COMMIT`), blocks on
+`ModelRunner.forward` / `ModelRunner.sample`, commit in `availability.PINNED_COMMIT`), blocks on
 their outputs so their device time is counted, and restores them on exit. With overlap
 scheduling off (always, here) the scheduler waits for each step's tokens anyway, so blocking
 inside the timer moves no work out of the measured window.

@@ -9,7 +9,11 @@ from tunix_adapter.demo import DemoConfig
 
 
 def test_missing_engine_gives_the_install_command_and_exit_2(monkeypatch, capsys):
-    monkeypatch.setitem(sys.modules, "sgl_jax", None)  # as if sgl-jax were not installed
+    # as if sgl-jax (and zmq, which comes with it) were not installed
+    monkeypatch.setitem(sys.modules, "sgl_jax", None)
+    monkeypatch.setitem(sys.modules, "zmq", None)
+    for name in [m for m in sys.modules if m.startswith("sgl_jax_rollout.engine")]:
+        monkeypatch.delitem(sys.modules, name)
     assert main(["demo", "--steps", "1"]) == 2
     err = capsys.readouterr().err
     assert "pip install" in err and "sglang-jax" in err and "Traceback" not in err
