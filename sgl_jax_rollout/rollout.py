@@ -113,53 +113,12 @@ class SglangJaxRollout(BaseRollout):
         bad = [i for i, p in enumerate(prompts) if not isinstance(p, str)]
         if bad:
             raise ValueError(f"prompts must be strings; not at index(es) {bad[:10]}")
-        options = inputs.options_for_call(self._defaults, rollout_config, kwargs)
-        options.validate_for_vocab(self._engine.vocab_size)
-        max_new = rollout_config.max_tokens_to_generate
-        max_prompt = rollout_config.max_prompt_length
-        if not isinstance(max_new, int) or max_new < 1:
-            raise ValueError(f"max_tokens_to_generate must be an integer >= 1, got {max_new!r}")
-        if not isinstance(max_prompt, int) or max_prompt < 1:
-            raise ValueError(f"max_prompt_length must be an integer >= 1, got {max_prompt!r}")
-        context = self._engine.settings.context_length
-        if max_prompt + max_new > context:
-            raise ValueError(
-                f"max_prompt_length + max_tokens_to_generate ({max_prompt} + {max_new}) must "
-                f"be <= the engine's context_length ({context})"
-            )
+        options, max_new, max_prompt = self._call_options(rollout_config, kwargs)
         n = options.n
         seeds = inputs.sample_seeds(rollout_config.seed, len(prompts), n, self._fresh_seeds)
-
         prompt_ids = [self._prompt_ids(p, max_prompt, i) for i, p in enumerate(prompts)]
-        eos = [int(t) for t in rollout_config.eos_tokens or []]
-        if options.ignore_eos and (eos or options.stop_token_ids):
-            raise ValueError(
-                "ignore_eos=True cannot be combined with stop_token_ids or eos_tokens: the "
-                "pinned sgl-jax ignores every stop id when ignore_eos is set"
-            )
-        # eos_tokens stop generation in addition to the model's EOS ids. So does the pad id:
-        # tunix's trainer reads every pad as padding, so no token may follow a sampled pad.
-        stop_ids = list(options.stop_token_ids) + eos
-        pad = self._tokenizer.pad_id()
-        if not options.ignore_eos and pad is not None and pad not in stop_ids + self._model_eos:
-            stop_ids.append(int(pad))
-        hold_back = [] if options.ignore_eos else stop_ids + self._model_eos
-        single = options.replace(n=1)
-        specs, rows = [], []
-        for i, ids in enumerate(prompt_ids):
-            for j in range(n):
-                specs.append(
-                    RequestSpec(single.replace(seed=seeds[i * n + j]), stop_ids=tuple(hold_back))
-                )
-                rows.append(ids)
-        completions = self._engine.generate(
-            rows,
-            specs,
-            max_new_tokens=max_new,
-            stop=[options.stop] * len(rows),
-            stop_token_ids=[stop_ids] * len(rows),
-            ignore_eos=[options.ignore_eos] * len(rows),
-        )
+        rows = [ids for ids in prompt_ids for _ in range(n)]
+        completions, hold_back = self._sample_rows(rows, seeds, options, rollout_config)
         tokens = [np.asarray(c.tokens, np.int32) for c in completions]
         stops = set(hold_back)
         return RolloutOutputWithEntropy(
@@ -180,6 +139,92 @@ class SglangJaxRollout(BaseRollout):
                 else None
             ),
         )
+
+    def session(self, track_tree: bool = False, rollout_config: RolloutConfig | None = None):
+        """A managed multi-turn session (`sgl_jax_rollout.session`) on this rollout.
+
+        Use as `with rollout.session() as s:`; `s.complete(text or ids, n=, **overrides)`,
+        `s.chat(messages, n=, **overrides)`, `s.state()`, `s.trajectories()`. Sampling uses
+        `rollout_config` (default: the constructor's) and per-call `SamplingOptions`
+        overrides; prompts are never truncated (a too long one raises).
+        """
+        from sgl_jax_rollout.session import Sampled, Session
+
+        config = rollout_config or self._rollout_config or RolloutConfig()
+
+        def sample(prompt_ids: list[int], n: int, overrides: dict[str, Any]) -> list[Sampled]:
+            options, max_new, _ = self._call_options(config, {**overrides, "n": n})
+            context = self._engine.settings.context_length
+            if len(prompt_ids) + max_new > context:
+                raise ValueError(
+                    f"the session prompt has {len(prompt_ids)} tokens; with "
+                    f"max_tokens_to_generate={max_new} it exceeds the engine's context_length "
+                    f"({context})"
+                )
+            seeds = inputs.sample_seeds(config.seed, 1, n, self._fresh_seeds)
+            options = options.replace(return_logprobs=True, return_entropy=True)
+            completions, _ = self._sample_rows([prompt_ids] * n, seeds, options, config)
+            return [
+                Sampled(c.tokens, c.logprobs, c.entropy, str(c.finish_reason))
+                for c in completions
+            ]
+
+        return Session(sample, self._engine.tokenizer, track_tree=track_tree)
+
+    def _call_options(
+        self, rollout_config: RolloutConfig, kwargs: Mapping[str, Any]
+    ) -> tuple[SamplingOptions, int, int]:
+        """Validated options of one call, its max new tokens and max prompt length."""
+        options = inputs.options_for_call(self._defaults, rollout_config, dict(kwargs))
+        options.validate_for_vocab(self._engine.vocab_size)
+        max_new = rollout_config.max_tokens_to_generate
+        max_prompt = rollout_config.max_prompt_length
+        if not isinstance(max_new, int) or max_new < 1:
+            raise ValueError(f"max_tokens_to_generate must be an integer >= 1, got {max_new!r}")
+        if not isinstance(max_prompt, int) or max_prompt < 1:
+            raise ValueError(f"max_prompt_length must be an integer >= 1, got {max_prompt!r}")
+        context = self._engine.settings.context_length
+        if max_prompt + max_new > context:
+            raise ValueError(
+                f"max_prompt_length + max_tokens_to_generate ({max_prompt} + {max_new}) must "
+                f"be <= the engine's context_length ({context})"
+            )
+        return options, max_new, max_prompt
+
+    def _sample_rows(
+        self,
+        rows: list[list[int]],
+        seeds: list[int],
+        options: SamplingOptions,
+        rollout_config: RolloutConfig,
+    ) -> tuple[list[Any], list[int]]:
+        """One completion per row (row r sampled with seeds[r]); also the held-back stop ids."""
+        eos = [int(t) for t in rollout_config.eos_tokens or []]
+        if options.ignore_eos and (eos or options.stop_token_ids):
+            raise ValueError(
+                "ignore_eos=True cannot be combined with stop_token_ids or eos_tokens: the "
+                "pinned sgl-jax ignores every stop id when ignore_eos is set"
+            )
+        # eos_tokens stop generation in addition to the model's EOS ids. So does the pad id:
+        # tunix's trainer reads every pad as padding, so no token may follow a sampled pad.
+        stop_ids = list(options.stop_token_ids) + eos
+        pad = self._tokenizer.pad_id()
+        if not options.ignore_eos and pad is not None and pad not in stop_ids + self._model_eos:
+            stop_ids.append(int(pad))
+        hold_back = [] if options.ignore_eos else stop_ids + self._model_eos
+        single = options.replace(n=1)
+        specs = [
+            RequestSpec(single.replace(seed=seed), stop_ids=tuple(hold_back)) for seed in seeds
+        ]
+        completions = self._engine.generate(
+            rows,
+            specs,
+            max_new_tokens=rollout_config.max_tokens_to_generate,
+            stop=[options.stop] * len(rows),
+            stop_token_ids=[stop_ids] * len(rows),
+            ignore_eos=[options.ignore_eos] * len(rows),
+        )
+        return completions, hold_back
 
     def _prompt_ids(self, text: str, max_length: int, index: int) -> list[int]:
         ids = self._tokenizer.encode(str(text))  # tunix's learners pass numpy str_ items
