@@ -165,8 +165,7 @@ class SglangJaxRollout(BaseRollout):
             options = options.replace(return_logprobs=True, return_entropy=True)
             completions, _ = self._sample_rows([prompt_ids] * n, seeds, options, config)
             return [
-                Sampled(c.tokens, c.logprobs, c.entropy, str(c.finish_reason))
-                for c in completions
+                Sampled(c.tokens, c.logprobs, c.entropy, str(c.finish_reason)) for c in completions
             ]
 
         return Session(sample, self._engine.tokenizer, track_tree=track_tree)
