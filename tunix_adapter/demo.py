@@ -227,17 +227,14 @@ def _think_ids(cluster) -> tuple[int | None, int | None]:
 
 def _ppo_rollout_metrics(cluster):
     """tunix's PPO learner takes metric functions: log the rollout entropy through one."""
+    from sgl_jax_rollout.rollout_inputs import right_pad_values
     from tunix_adapter.metrics import rollout_metrics
 
     def metric_fn(prompts, completions, rewards, advantages, **_: Any):
-        out = cluster.last_rollout
-        width = max(1, max(len(t) for t in out.tokens))
-        mask = np.zeros((len(out.tokens), width), bool)
-        entropy = np.zeros((len(out.tokens), width))
-        for i, values in enumerate(out.entropy):
-            mask[i, : len(values)] = True
-            entropy[i, : len(values)] = values
-        return rollout_metrics(mask, entropy)
+        entropy = cluster.last_rollout.entropy
+        width = max(1, max(len(values) for values in entropy))
+        mask = np.arange(width)[None, :] < np.array([len(values) for values in entropy])[:, None]
+        return rollout_metrics(mask, right_pad_values(entropy, width))
 
     return metric_fn
 
