@@ -48,12 +48,13 @@ def _bench(args: argparse.Namespace) -> int:
 
 def _demo(args: argparse.Namespace) -> int:
     if args.preset is not None:
-        print(
-            "sgl-jax-rollout: error: --preset: no TPU presets exist yet (tpu_configs arrives "
-            "with the presets issue); run without --preset for the CPU demo",
-            file=sys.stderr,
-        )
-        return 2
+        import tpu_configs
+
+        try:
+            tpu_configs.load(args.preset).check_devices()
+        except tpu_configs.PresetError as err:
+            print(f"sgl-jax-rollout: error: --preset: {err}", file=sys.stderr)
+            return 2
     if args.rollout == "sglang_jax":
         from sgl_jax_rollout.engine.availability import require_sgl_jax
 
@@ -73,6 +74,7 @@ def _demo(args: argparse.Namespace) -> int:
         out=args.out,
         seed=args.seed,
         tis_cap=args.tis_cap,
+        preset=args.preset,
     )
     history = run(config)
     first, last = history[0]["reward_mean"], history[-1]["reward_mean"]
@@ -115,7 +117,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="grpo / egpo: old policy = trainer, truncated importance sampling at this cap "
         "(default: rollout logprobs as the old policy)",
     )
-    demo.add_argument("--preset", default=None, help="TPU preset (not available yet)")
+    demo.add_argument(
+        "--preset",
+        default=None,
+        help="slice preset from tpu_configs (cpu-debug, v5e-1, v5e-4, v5e-8, v5p-8, v6e-8, "
+        "v5p-64): meshes and engine settings; its device count must match this machine",
+    )
     demo.set_defaults(func=_demo)
 
     tiny = sub.add_parser(

@@ -81,8 +81,15 @@ def build_cluster(
     sampling: Any = None,
     with_reference: bool = True,
     with_critic: bool = False,
+    preset: Any = None,
 ) -> RolloutCluster:
-    """A `RolloutCluster` for `model_path` with the named rollout on one (CPU or TPU) mesh."""
+    """A `RolloutCluster` for `model_path` with the named rollout.
+
+    Without a preset every role runs on `mesh` (default: one device). With a
+    `tpu_configs.Preset`, the trainer roles run on its trainer mesh and the rollout on its
+    rollout mesh, with its engine settings (`engine_settings`, a mapping, overrides them);
+    the device count and the model's kv heads are checked first.
+    """
     if rollout not in ROLLOUTS:
         raise ValueError(f"rollout must be one of {ROLLOUTS}, got {rollout!r}")
     from transformers import AutoTokenizer
@@ -90,10 +97,22 @@ def build_cluster(
     from sgl_jax_rollout.tiny_model import default_model_dir
 
     model_path = Path(model_path) if model_path else default_model_dir()
-    # Auto axes: tunix's models index and gather without explicit output shardings.
-    mesh = mesh or jax.make_mesh(
-        (1, 1), ("fsdp", "tp"), axis_types=(jax.sharding.AxisType.Auto,) * 2
-    )
+    if preset is not None:
+        if mesh is not None:
+            raise ValueError("pass mesh or preset, not both: the preset names its meshes")
+        preset.check_devices()
+        preset.check_model(model_path)
+        mesh, rollout_mesh = preset.meshes()
+        settings = preset.engine_settings()
+        if engine_settings:
+            settings = settings.replace(**dict(engine_settings))
+        engine_settings = settings
+    else:
+        # Auto axes: tunix's models index and gather without explicit output shardings.
+        mesh = mesh or jax.make_mesh(
+            (1, 1), ("fsdp", "tp"), axis_types=(jax.sharding.AxisType.Auto,) * 2
+        )
+        rollout_mesh = mesh
     if rollout == "sglang_jax":
         from sgl_jax_rollout.engine.availability import require_sgl_jax
         from sgl_jax_rollout.rollout import SglangJaxRollout
@@ -114,7 +133,10 @@ def build_cluster(
     if with_critic:
         critic = rl_utils.create_critic_model(load_tunix_model(model_path, mesh))
     config = rl_cluster_lib.ClusterConfig(
-        role_to_mesh={role: mesh for role in rl_cluster_lib.Role},
+        role_to_mesh={
+            role: rollout_mesh if role == rl_cluster_lib.Role.ROLLOUT else mesh
+            for role in rl_cluster_lib.Role
+        },
         rollout_engine=engine,
         training_config=training_config,
         rollout_config=rollout_config,

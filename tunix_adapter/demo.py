@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,9 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+import tpu_configs
+
+log = logging.getLogger(__name__)
 ALGOS = ("grpo", "egpo", "ppo")
 REPORTED = {
     "reward_mean": "rewards/score/mean",
@@ -27,7 +31,7 @@ REPORTED = {
     "logp_diff_max": "rollout/trainer_logp_abs_diff_max",
 }
 # Sized for the demo's batches (16 samples x (prompt + 16 tokens)) on CPU; `--preset` replaces
-# them when presets exist.
+# them with the preset's.
 DEMO_ENGINE_SETTINGS = dict(
     max_running_requests=16,
     precompile_bs_paddings=(1, 4, 16),
@@ -73,6 +77,7 @@ class DemoConfig:
     learning_rate: float = 1e-3
     tis_cap: float | None = None  # GRPO / EGPO: TIS against the trainer instead of rollout-old
     engine_settings: Any = None
+    preset: str | None = None  # a tpu_configs name: meshes and engine settings of that slice
     show_progress: bool = True
 
     def __post_init__(self) -> None:
@@ -98,6 +103,22 @@ def run(config: DemoConfig) -> list[dict[str, float]]:
     return train(config, cluster, learner)
 
 
+def _rollout_micro_batch(preset: tpu_configs.Preset | None, prompts: int) -> int | None:
+    """The preset's rollout micro-batch where it divides the step's prompts (tunix requires
+    it), else the whole step in one rollout call."""
+    if preset is None:
+        return None
+    if prompts % preset.rollout_micro_batch_size:
+        log.info(
+            "rollout micro-batch: %d prompts per step is not a multiple of the preset's %d; "
+            "one rollout call per step",
+            prompts,
+            preset.rollout_micro_batch_size,
+        )
+        return None
+    return preset.rollout_micro_batch_size
+
+
 def build(config: DemoConfig):
     """(cluster, learner) of the demo: the toy task on the built-in model (or `model_path`)."""
     import optax
@@ -117,20 +138,23 @@ def build(config: DemoConfig):
         return_logprobs=True,
         kv_cache_size=128,
     )
+    preset = tpu_configs.load(config.preset) if config.preset else None
     training = rl_cluster_lib.RLTrainingConfig(
         actor_optimizer=optax.adam(config.learning_rate),
         critic_optimizer=optax.adam(config.learning_rate) if config.algo == "ppo" else None,
         eval_every_n_steps=10**9,
         max_steps=config.steps,
+        rollout_micro_batch_size=_rollout_micro_batch(preset, config.prompts_per_step),
     )
     cluster = build_cluster(
         rollout=config.rollout,
         model_path=config.model_path,
         rollout_config=rollout_config,
         training_config=training,
-        engine_settings=config.engine_settings or DEMO_ENGINE_SETTINGS,
+        engine_settings=config.engine_settings or (None if preset else DEMO_ENGINE_SETTINGS),
         with_reference=False,
         with_critic=config.algo == "ppo",
+        preset=preset,
     )
     try:
         return cluster, _learner(config, cluster, vowel_word_reward)

@@ -56,6 +56,7 @@ class RolloutEngine:
                 "commit a larger page gives wrong logits to every request but the first of a "
                 "batch on the CPU attention backends"
             )
+        settings = _on_devices(settings, jax.device_count())
         from sgl_jax.srt.entrypoints.engine import Engine
         from transformers import AutoTokenizer
 
@@ -332,3 +333,22 @@ async def _cancel_tasks(manager: Any) -> None:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
     _close_sockets(manager, ("recv_from_detokenizer", "send_to_scheduler"))
+
+
+def _on_devices(settings: EngineSettings, available: int) -> EngineSettings:
+    """Checks the engine's devices against the process's; without `device_indexes`, the
+    engine takes the first `tp_size` devices (sgl-jax itself would demand all of them)."""
+    if settings.device_indexes is not None:
+        bad = [i for i in settings.device_indexes if i >= available]
+        if bad:
+            raise ValueError(
+                f"device_indexes {list(settings.device_indexes)} name devices {bad}, but this "
+                f"process sees {available} (jax.device_count())"
+            )
+        return settings
+    if settings.tp_size > available:
+        raise ValueError(
+            f"tp_size is {settings.tp_size} devices, but this process sees {available} "
+            "(jax.device_count())"
+        )
+    return settings.replace(device_indexes=tuple(range(settings.tp_size)))

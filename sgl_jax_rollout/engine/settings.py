@@ -15,6 +15,7 @@ import dataclasses
 from typing import Any
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+ATTENTION_BACKENDS = ("fa", "native", "fa_mha")
 FORCED = {
     "enable_single_process": True,
     "disable_overlap_schedule": True,
@@ -33,6 +34,7 @@ class EngineSettings:
     """
 
     dtype: str = "auto"
+    attention_backend: str = "fa"
     page_size: int = 1
     context_length: int = 1024
     max_running_requests: int = 64
@@ -54,6 +56,11 @@ class EngineSettings:
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {list(DTYPES)}, got {self.dtype!r}")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(
+                f"attention_backend must be one of {list(ATTENTION_BACKENDS)}, "
+                f"got {self.attention_backend!r}"
+            )
         _positive("page_size", self.page_size)
         _positive("context_length", self.context_length, low=16)
         _positive("max_running_requests", self.max_running_requests)
@@ -120,6 +127,7 @@ class EngineSettings:
             "model_path": model_path,
             "device": device,
             "dtype": self.dtype,
+            "attention_backend": self.attention_backend,
             "page_size": self.page_size,
             "context_length": self.context_length,
             "max_running_requests": self.max_running_requests,

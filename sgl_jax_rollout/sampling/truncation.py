@@ -59,10 +59,13 @@ class Truncation:
 
 
 def top_k(x: Float[Array, "batch vocab"], k: int) -> tuple[Array, Array]:
-    """`lax.top_k` behind a barrier: it keeps XLA from folding later gathers into the sort
+    """`lax.top_k` behind barriers: they keep XLA from folding later gathers into the sort
     that top-k lowers to; folded, the sort is not rewritten into the TopK kernel and the whole
-    vocabulary gets sorted (seen on CPU: 30 ms per row instead of 0.2)."""
-    return lax.optimization_barrier(lax.top_k(x, k))
+    vocabulary gets sorted (seen on CPU: 30 ms per row instead of 0.2). One barrier per
+    output: a single barrier over the (values, ids) pair crashes XLA's CPU TopK decomposer
+    when the engine shards over a tensor axis (jax 0.10.2, tp = 2)."""
+    values, ids = lax.top_k(x, k)
+    return lax.optimization_barrier(values), lax.optimization_barrier(ids)
 
 
 def take_candidates(

@@ -19,9 +19,12 @@ def test_missing_engine_gives_the_install_command_and_exit_2(monkeypatch, capsys
     assert "pip install" in err and "sglang-jax" in err and "Traceback" not in err
 
 
-def test_preset_is_refused_until_presets_exist(capsys):
-    assert main(["demo", "--preset", "v5e-8"]) == 2
-    assert "--preset" in capsys.readouterr().err
+def test_preset_of_another_slice_exits_2_naming_the_device_count(capsys):
+    assert main(["demo", "--preset", "v5e-8"]) == 2  # this process sees one device
+    err = capsys.readouterr().err
+    assert "needs devices: 8" in err and "jax.device_count()" in err and "Traceback" not in err
+    assert main(["demo", "--preset", "v9-1"]) == 2
+    assert "unknown preset 'v9-1'; presets: cpu-debug" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
