@@ -16,6 +16,9 @@ name or signature it relies on changes. The engine must run with overlap schedul
   outputs to the collector before the result is processed.
 - `record_before_stream`: wraps `Scheduler.stream_output` so per-token values are recorded
   (and completions finalised) before sgl-jax sends the output to the caller.
+- `native_attention_per_rank`: wraps `NativeAttention.__call__` (the attention sgl-jax uses
+  on CPU) so that with dp > 1 each dp rank attends over its own batch section and KV shard
+  (`dp_attention.py`); upstream mixes the ranks. One dp rank: upstream runs unchanged.
 - `idle_wait_and_stop`: wraps `Scheduler.on_idle`: a fully idle scheduler runs the engine's
   `IdleWork` (weight swap, cache flush), then waits on its sockets and on the work pipe
   (upstream spins a core at 100%), and exits its thread when the engine is shut down.
@@ -39,6 +42,7 @@ from jax.sharding import PartitionSpec as P
 
 from sgl_jax_rollout.engine.availability import PINNED_COMMIT
 from sgl_jax_rollout.engine.collector import Collector, StepValues
+from sgl_jax_rollout.engine.dp_attention import per_rank_native_attention
 from sgl_jax_rollout.engine.idle_work import IdleWork
 from sgl_jax_rollout.engine.rows import RequestSpec, build_rows, sampler_config
 from sgl_jax_rollout.sampling.batch import SamplerConfig
@@ -92,10 +96,20 @@ _UPSTREAM = {
     "Scheduler.stream_output": ("self", "reqs", "return_logprob"),
     "Scheduler.on_idle": ("self",),
     "Sampler.__call__": ("self", "logits_output", "sampling_metadata", "rng_override"),
+    "NativeAttention.__call__": (
+        "self",
+        "q",
+        "k",
+        "v",
+        "layer",
+        "forward_batch",
+        "token_to_kv_pool",
+    ),
 }
 
 
 def _upstream_objects() -> dict[str, Any]:
+    from sgl_jax.srt.layers.attention.native_backend import NativeAttention
     from sgl_jax.srt.layers.sampler import Sampler
     from sgl_jax.srt.managers.schedule_batch import ScheduleBatch
     from sgl_jax.srt.managers.scheduler import Scheduler
@@ -106,6 +120,7 @@ def _upstream_objects() -> dict[str, Any]:
         "SamplingMetadata": SamplingMetadata,
         "Scheduler": Scheduler,
         "Sampler": Sampler,
+        "NativeAttention": NativeAttention,
     }
 
 
@@ -164,6 +179,7 @@ def apply() -> None:
         _wrap(objects["Scheduler"], "process_batch_result", _step_values)
         _wrap(objects["Scheduler"], "stream_output", _record_before_stream)
         _wrap(objects["Scheduler"], "on_idle", _idle_wait_and_stop)
+        _wrap(objects["NativeAttention"], "__call__", per_rank_native_attention)
 
 
 def _wrap(owner: type, name: str, wrapper) -> None:
@@ -199,19 +215,31 @@ def _worker_batch_rows(original, self, *args, **kwargs):
     hooks = _hooks()
     if hooks is None:
         return mwb
-    reqs = [req for info in self.reqs_info if info.reqs for req in info.reqs]
+    reqs = _requests_by_row(self)
     registered, specs = [], []
     for req in reqs:
-        spec = hooks.collector.spec_for(req.rid)
+        spec = None if req is None else hooks.collector.spec_for(req.rid)
         if spec is not None:
             registered.append(spec)
-        specs.append(spec or _fallback_spec(req))
+        specs.append(spec or (None if req is None else _fallback_spec(req)))
     config = _batch_config(registered, hooks)
     padded = len(mwb.sampling_info.temperatures)
-    prompts = [req.origin_input_ids for req in reqs]
-    outputs = [req.output_ids for req in reqs]
+    prompts = [[] if req is None else req.origin_input_ids for req in reqs]
+    outputs = [[] if req is None else req.output_ids for req in reqs]
     mwb.rollout_rows = (config, build_rows(specs, prompts, outputs, padded, config))
     return mwb
+
+
+def _requests_by_row(batch: Any) -> list[Any]:
+    """The request at each row of the batch, None at padding rows. With dp > 1, rank r's
+    requests start at row r * `per_dp_bs_size` (upstream `ScheduleBatch._merge_batch_metadata`;
+    set by `get_model_worker_batch`)."""
+    rows: list[Any] = []
+    for rank, info in enumerate(batch.reqs_info):
+        if rank:
+            rows += [None] * (rank * batch.per_dp_bs_size - len(rows))
+        rows += list(info.reqs or [])
+    return rows
 
 
 def _batch_config(specs: list[RequestSpec], hooks: EngineHooks) -> SamplerConfig:
@@ -278,13 +306,18 @@ def _step_values(original, self, batch, result, *args, **kwargs):
     out = getattr(result, "logits_output", None)
     if hooks is None or not isinstance(out, RolloutLogitsOutput):
         return original(self, batch, result, *args, **kwargs)
-    reqs = [req for info in batch.reqs_info if info.reqs for req in info.reqs]
+    rows = _requests_by_row(batch)
+    filled = [i for i, req in enumerate(rows) if req is not None]
+    # Upstream's tp_worker has already gathered `next_token_logprobs` to these rows (its
+    # `logits_indices_selector`: the requests in row order, padding dropped); our own
+    # outputs still have every padded row, so gather them the same way.
     values = StepValues(
         logprobs=_host(out.next_token_logprobs),
-        entropy=_host(out.rollout_entropy),
-        top_logprob_ids=_host(out.rollout_top_logprob_ids),
-        top_logprobs=_host(out.rollout_top_logprobs),
+        entropy=_host(out.rollout_entropy, filled),
+        top_logprob_ids=_host(out.rollout_top_logprob_ids, filled),
+        top_logprobs=_host(out.rollout_top_logprobs, filled),
     )
+    reqs = [rows[i] for i in filled]
     hooks.collector.stash_step(reqs, values)
     try:
         return original(self, batch, result, *args, **kwargs)
@@ -292,8 +325,11 @@ def _step_values(original, self, batch, result, *args, **kwargs):
         hooks.collector.end_step()
 
 
-def _host(x) -> np.ndarray | None:
-    return None if x is None else np.asarray(jax.device_get(x))
+def _host(x, rows: list[int] | None = None) -> np.ndarray | None:
+    if x is None:
+        return None
+    x = np.asarray(jax.device_get(x))
+    return x if rows is None else x[rows]
 
 
 def _record_before_stream(original, self, reqs, *args, **kwargs):

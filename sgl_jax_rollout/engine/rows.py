@@ -92,13 +92,14 @@ def sampler_config(specs: Sequence[RequestSpec], valid_vocab_size: int | None) -
 
 
 def build_rows(
-    specs: Sequence[RequestSpec],
+    specs: Sequence[RequestSpec | None],
     prompt_ids: Sequence[Sequence[int]],
     output_ids: Sequence[Sequence[int]],
     padded_rows: int,
     config: SamplerConfig,
 ) -> SamplingBatch:
-    """Host arrays for one step: row i serves `specs[i]`; rows past them are greedy padding.
+    """Host arrays for one step: row i serves `specs[i]`; None rows (the padding between dp
+    ranks' sections) and rows past the specs are greedy padding.
 
     `keys` hold each row's base key (`base_keys`); the sampler folds in the number of tokens
     generated so far, so a seeded request draws the same tokens in any batch.
@@ -108,21 +109,23 @@ def build_rows(
         raise ValueError(f"{rows} requests do not fit in a batch padded to {padded_rows}")
     pad = padded_rows - rows
 
-    def column(values, dtype, fill):
-        return np.asarray(list(values) + [fill] * pad, dtype)
+    opts = [None if s is None else s.options for s in specs]
 
-    opts = [s.options for s in specs]
+    def column(field, dtype, fill):
+        values = [fill if o is None else getattr(o, field) for o in opts]
+        return np.asarray(values + [fill] * pad, dtype)
+
     batch = SamplingBatch(
-        temperature=column((o.temperature for o in opts), np.float32, 0.0),
-        top_k=column((o.top_k for o in opts), np.int32, -1),
-        top_p=column((o.top_p for o in opts), np.float32, 1.0),
-        min_p=column((o.min_p for o in opts), np.float32, 0.0),
-        repetition_penalty=column((o.repetition_penalty for o in opts), np.float32, 1.0),
-        frequency_penalty=column((o.frequency_penalty for o in opts), np.float32, 0.0),
-        presence_penalty=column((o.presence_penalty for o in opts), np.float32, 0.0),
-        min_new_tokens=column((o.min_new_tokens for o in opts), np.int32, 0),
-        num_generated=column((len(x) for x in output_ids), np.int32, 0),
-        keys=base_keys([o.seed for o in opts] + [0] * pad),
+        temperature=column("temperature", np.float32, 0.0),
+        top_k=column("top_k", np.int32, -1),
+        top_p=column("top_p", np.float32, 1.0),
+        min_p=column("min_p", np.float32, 0.0),
+        repetition_penalty=column("repetition_penalty", np.float32, 1.0),
+        frequency_penalty=column("frequency_penalty", np.float32, 0.0),
+        presence_penalty=column("presence_penalty", np.float32, 0.0),
+        min_new_tokens=column("min_new_tokens", np.int32, 0),
+        num_generated=np.asarray([len(x) for x in output_ids] + [0] * pad, np.int32),
+        keys=base_keys([0 if o is None else o.seed for o in opts] + [0] * pad),
     )
     if not config.penalties:
         return batch
@@ -130,7 +133,9 @@ def build_rows(
         batch,
         prompt_ids=_padded(prompt_ids, padded_rows, MIN_TOKEN_WIDTH),
         output_ids=_padded(output_ids, padded_rows, MIN_TOKEN_WIDTH),
-        stop_token_ids=_padded([s.stop_ids for s in specs], padded_rows, MIN_STOP_WIDTH),
+        stop_token_ids=_padded(
+            [() if s is None else s.stop_ids for s in specs], padded_rows, MIN_STOP_WIDTH
+        ),
     )
 
 

@@ -12,7 +12,9 @@ The swap itself (upstream shape at the pinned commit) is: replace
 (what the jitted forward reads at every call; no recompilation), and update the runner's
 nnx model with the same arrays so the old ones are freed. The caller serialises it with
 generation (`engine.RolloutEngine`). Only device-to-device transfers happen here, so it
-runs inside tunix's `transfer_guard("disallow_explicit")`.
+runs inside tunix's `transfer_guard("disallow_explicit")`. A trainer on other devices than
+the engine's (`shared_devices: false` presets) has its leaves moved to the engine's devices
+first, each split across them.
 """
 
 from __future__ import annotations
@@ -107,11 +109,25 @@ class WeightSwapper:
         # sgl-jax allocated (~270 ms). Frozen objects are skipped; unfreeze right after.
         gc.freeze()
         try:
+            src_leaves = self._on_engine_devices(src_leaves)
             return self._mapper(src_def, src_leaves, self._runner.model_state_leaves)
         except Exception as err:  # tunix raises several types; name the stage for the user
             raise ValueError(f"update_params: mapping the tunix state failed: {err}") from err
         finally:
             gc.unfreeze()
+
+    def _on_engine_devices(self, leaves: list) -> list:
+        """Leaves on other devices than the engine's (a trainer on its own devices) are moved
+        over first, each split across the engine's devices (`_split_over`), never gathered
+        whole on one device; one program cannot span two device sets."""
+        mesh = self._runner.model_state_leaves[0].sharding.mesh
+        engine_devices = set(mesh.devices.flat)
+        return [
+            leaf
+            if not isinstance(leaf, jax.Array) or leaf.sharding.device_set == engine_devices
+            else jax.device_put(leaf, _split_over(mesh, leaf))
+            for leaf in leaves
+        ]
 
     def _checked(self, new: list) -> list[jax.Array]:
         """Each new leaf with the engine leaf's shape, dtype and sharding (raises naming it)."""
@@ -131,6 +147,24 @@ class WeightSwapper:
                 new_leaf = jax.device_put(new_leaf, old_leaf.sharding)
             leaves.append(new_leaf)
         return leaves
+
+
+def _split_over(mesh: jax.sharding.Mesh, leaf: jax.Array) -> jax.sharding.NamedSharding:
+    """A sharding of `leaf` over all of `mesh`'s devices: each mesh axis (largest first) splits
+    the first free dimension it divides, preferring dimensions the leaf is already split
+    along. Axes that divide no dimension replicate (small leaves: norms, biases)."""
+    src = leaf.sharding.spec if isinstance(leaf.sharding, jax.sharding.NamedSharding) else ()
+    split = [i for i, axis in enumerate(src) if axis is not None]
+    order = split + [i for i in range(leaf.ndim) if i not in split]
+    spec: list[Any] = [None] * leaf.ndim
+    for axis, size in sorted(mesh.shape.items(), key=lambda item: -item[1]):
+        if size == 1:
+            continue
+        for dim in order:
+            if spec[dim] is None and leaf.shape[dim] % size == 0:
+                spec[dim] = axis
+                break
+    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*spec))
 
 
 def _leaf_name(tree: Any, index: int) -> str:

@@ -65,6 +65,21 @@ def test_rows_with_penalties_pad_token_ids_to_width_buckets():
     assert rows.min_new_tokens.tolist() == [0, 2, 0, 0]
 
 
+def test_none_rows_between_dp_sections_are_greedy_padding():
+    # dp = 2 with 2 rows per rank: rank 0 holds one request, rank 1 one (rows 0 and 2)
+    specs = [spec(temperature=0.7, seed=3, repetition_penalty=1.1), None, spec(seed=4, top_k=5)]
+    config = sampler_config([s for s in specs if s is not None], valid_vocab_size=None)
+    rows = build_rows(specs, [[1], [], [2, 3]], [[5], [], []], padded_rows=4, config=config)
+    np.testing.assert_allclose(rows.temperature, [0.7, 0.0, 1.0, 0.0])
+    np.testing.assert_array_equal(rows.top_k, [-1, -1, 5, -1])
+    np.testing.assert_allclose(rows.repetition_penalty, [1.1, 1.0, 1.0, 1.0])
+    np.testing.assert_array_equal(rows.num_generated, [1, 0, 0, 0])
+    np.testing.assert_array_equal(rows.prompt_ids[2, :2], [2, 3])
+    assert (rows.prompt_ids[1] == NO_TOKEN).all()
+    keys = np.asarray(step_keys(jnp.asarray(rows.keys), jnp.asarray(rows.num_generated)))
+    np.testing.assert_array_equal(keys[2], row_key(4, 0))
+
+
 def test_min_new_tokens_without_stop_ids_needs_no_penalty_pass():
     assert not spec(min_new_tokens=3).needs_penalties
     assert spec(min_new_tokens=3, stop_ids=(2,)).needs_penalties

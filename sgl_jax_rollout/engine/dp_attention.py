@@ -1,0 +1,114 @@
+"""Data parallelism for sgl-jax's native attention backend (the one sgl-jax uses on CPU).
+
+Owns `per_rank_native_attention`, the body of the `native_attention_per_rank` patch
+(`patches.py`). Checked against sgl-project/sglang-jax cddbf6f1 (`layers/attention/
+native_backend.py`, `NativeAttention.__call__` and `_get_and_update_kv_cache`).
+
+With `dp_size > 1` the scheduler lays the batch out per dp rank (fixed-size sections of
+tokens, `seq_lens`, `cache_loc`), each rank's KV allocator hands out slot ids local to its
+shard of the KV cache (sharded over "data"), and the flash-attention backend runs its kernel
+per rank under `shard_map`. Upstream's native backend treats all of it as one global batch:
+rank 1's keys overwrite rank 0's slots and its queries attend to the wrong keys (wrong tokens
+on CPU whenever a dp > 1 batch holds requests on two ranks). This runs the same KV write
+(upstream `merge_kv`, scattered at `out_cache_loc`) and upstream `forward_attention`,
+unchanged, on each rank's shard under `shard_map`, as the flash-attention backend does. With
+one dp rank the upstream call runs as is.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+DATA, TENSOR = "data", "tensor"
+
+
+def per_rank_native_attention(
+    original, self, q, k, v, layer, forward_batch, token_to_kv_pool, **kwargs
+) -> tuple[jax.Array, jax.Array]:
+    if self.mesh.shape.get(DATA, 1) == 1:
+        return original(self, q, k, v, layer, forward_batch, token_to_kv_pool, **kwargs)
+    from sgl_jax.srt.layers.attention.native_backend import forward_attention
+    from sgl_jax.srt.layers.radix_attention import AttentionType
+    from sgl_jax.srt.mem_cache.memory_pool import merge_kv
+    from sgl_jax.srt.model_executor.forward_batch_info import ForwardMode
+
+    if kwargs.get("attention_sink") is not None:
+        raise NotImplementedError(
+            "dp_size > 1 on the native attention backend: models with attention sinks are "
+            "not supported"
+        )
+    head_dim = layer.head_dim
+    mode = forward_batch.forward_mode
+    causal = not (mode == ForwardMode.DECODE or layer.attn_type == AttentionType.ENCODER_ONLY)
+    scale = 1.0 / jnp.sqrt(head_dim) if layer.scaling is None else layer.scaling
+    no_extend = jnp.zeros_like(forward_batch.seq_lens)
+    prefix = forward_batch.extend_prefix_lens if mode.is_extend() else no_extend
+    extend = forward_batch.extend_seq_lens if mode.is_extend() else no_extend
+
+    def rank(q, k, v, fused, out_loc, seq_lens, cache_loc, prefix, extend):
+        # this rank's KV shard: the write of set_kv_buffer_legacy, at rank-local slots
+        pages, page_size, heads_per_pack, packing, dim = fused.shape
+        cache = fused.reshape(pages * page_size, heads_per_pack * packing, dim)
+        new = merge_kv(k, v)
+        new = new.reshape(new.shape[0], heads_per_pack * packing, dim)
+        cache = cache.at[jnp.where(out_loc >= 0, out_loc, cache.shape[0])].set(
+            new.astype(cache.dtype), mode="drop"
+        )
+        out = forward_attention(
+            q,
+            cache[:, ::2],
+            cache[:, 1::2],
+            seq_lens,
+            cache_loc,
+            prefix,
+            extend,
+            q.shape[1],
+            k.shape[1],
+            scale,
+            causal,
+            mode,
+            None,
+            mesh=jax.sharding.get_abstract_mesh(),
+            xai_temperature_len=getattr(layer, "xai_temperature_len", None),
+            sliding_window_size=layer.sliding_window_size,
+            softmax_dtype=layer.softmax_dtype,
+        )
+        return out.reshape(q.shape[0], -1), cache.reshape(fused.shape)
+
+    rows = P(DATA)
+    out, fused = jax.shard_map(
+        rank,
+        mesh=self.mesh,
+        in_specs=(
+            P(DATA, TENSOR),
+            P(DATA, TENSOR),
+            P(DATA, TENSOR),
+            P(DATA, None, TENSOR, None, None),
+            rows,
+            rows,
+            rows,
+            rows,
+            rows,
+        ),
+        out_specs=(P(DATA, TENSOR), P(DATA, None, TENSOR, None, None)),
+        check_vma=False,
+    )(
+        _heads(q, head_dim),
+        _heads(k, head_dim),
+        _heads(v, head_dim),
+        token_to_kv_pool.get_fused_kv_buffer(layer.layer_id),
+        forward_batch.out_cache_loc,
+        forward_batch.seq_lens,
+        forward_batch.cache_loc,
+        prefix,
+        extend,
+    )
+    return out, fused
+
+
+def _heads(x: Any, head_dim: int) -> jax.Array:
+    return x.reshape(x.shape[0], -1, head_dim)
