@@ -45,3 +45,14 @@ def test_bad_demo_settings_raise_naming_the_field(kwargs, field):
 def test_bad_cli_values_exit_2_without_traceback(capsys):
     assert main(["demo", "--steps", "0", "--rollout", "vanilla"]) == 2
     assert "steps must be >= 1" in capsys.readouterr().err
+
+
+def test_compare_against_vllm_off_tpu_exits_2(capsys):
+    assert main(["compare", "--against", "vllm"]) == 2
+    err = capsys.readouterr().err
+    assert "needs a TPU" in err and "--against vanilla" in err and "Traceback" not in err
+
+
+def test_compare_bad_values_exit_2(capsys):
+    assert main(["compare", "--against", "vanilla", "--steps", "0"]) == 2
+    assert "steps must be >= 1" in capsys.readouterr().err
