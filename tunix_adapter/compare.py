@@ -181,7 +181,7 @@ def _other(config: CompareConfig, trainer, tokenizer, mesh, model_path: Path):
 def _config(config: CompareConfig, temperature: float | None, **changes: Any):
     from sgl_jax_rollout.tunix_compat import RolloutConfig
 
-    return RolloutConfig(
+    fields = dict(
         max_tokens_to_generate=config.max_tokens,
         max_prompt_length=32,
         temperature=temperature if temperature is not None else 1.0,
@@ -191,8 +191,8 @@ def _config(config: CompareConfig, temperature: float | None, **changes: Any):
         seed=config.seed,
         return_logprobs=True,
         kv_cache_size=256,
-        **changes,
     )
+    return RolloutConfig(**{**fields, **changes})
 
 
 def _generate(rollout, prompts: list[str], rollout_config, greedy: bool = False):
@@ -204,9 +204,13 @@ def _generate(rollout, prompts: list[str], rollout_config, greedy: bool = False)
 
 
 def _greedy(config: CompareConfig, ours, other, prompts: list[str]) -> dict[str, Any]:
+    """Completions compared through their first pad id: a pad ends ours (tunix's trainer reads
+    every pad as padding), while tunix's samplers keep generating after it."""
+    pad = ours.pad_id()
     a = _generate(ours, prompts, _config(config, None), greedy=True)
     b = _generate(other, prompts, _config(config, None), greedy=True)
-    return stats.greedy_agreement(_tokens(a), _tokens(b))
+    cut = [[row[: _before_pad(row, pad) + 1] for row in _tokens(x)] for x in (a, b)]
+    return {**stats.greedy_agreement(*cut), "compared_through": "the first pad id, inclusive"}
 
 
 def _tokens(out) -> list[list[int]]:
