@@ -357,9 +357,9 @@ def table(report: dict[str, Any]) -> str:
         f"divergence: {g['first_divergence']}",
     ]
     for t, row in report["logprob_fidelity"].items():
-        for stat in ("mean_abs_diff", "max_abs_diff"):
+        for stat, label in (("mean_abs_diff", "mean"), ("max_abs_diff", "max")):
             lines.append(
-                f"{'logprob vs trainer ' + t + ' ' + stat[:4]:34}"
+                f"{'logprob |diff| vs trainer ' + t + ' ' + label:34}"
                 f"{row['sglang_jax'][stat]:>14.2e}{row[other][stat]:>14.2e}"
             )
     d = report["distribution"]
