@@ -125,6 +125,14 @@ def completion_rows(
     return rows
 
 
+def right_pad_ids(rows: Sequence[Sequence[int]], width: int, pad_id: int) -> Int[np.ndarray, "b w"]:
+    """Token id rows right-padded with `pad_id` (rows longer than `width` are cut)."""
+    out = np.full((len(rows), width), pad_id, np.int32)
+    for i, r in enumerate(rows):
+        out[i, : min(len(r), width)] = np.asarray(r, np.int32)[:width]
+    return out
+
+
 def right_pad_values(rows: Sequence[np.ndarray], width: int) -> Float[np.ndarray, "b w"]:
     out = np.zeros((len(rows), width), np.float32)
     for i, r in enumerate(rows):

@@ -91,3 +91,9 @@ def test_default_options_read_generation_config(tmp_path):
 def test_default_options_without_a_file_are_the_library_defaults(tmp_path):
     assert inputs.default_options(tmp_path) == SamplingOptions()
     assert inputs.eos_ids(tmp_path, tokenizer_eos=4) == [4]
+
+
+def test_right_pad_ids_pads_and_cuts_at_width():
+    ids = inputs.right_pad_ids([[5, 6, 7], [], [1, 2, 3, 4, 9]], 4, pad_id=0)
+    assert ids.dtype == np.int32
+    assert ids.tolist() == [[5, 6, 7, 0], [0, 0, 0, 0], [1, 2, 3, 4]]

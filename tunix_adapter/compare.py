@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from sgl_jax_rollout.rollout_inputs import right_pad_ids
 from tunix_adapter import compare_stats as stats
 
 log = logging.getLogger(__name__)
@@ -225,10 +226,7 @@ def _fidelity(config: CompareConfig, rollout, trainer, prompts, temperature: flo
 
     out = rollout.generate(prompts, _config(config, temperature))
     pad = rollout.pad_id()
-    width = max(1, max(len(t) for t in out.tokens))
-    completions = np.full((len(out.tokens), width), pad, np.int32)
-    for i, row in enumerate(out.tokens):
-        completions[i, : len(row)] = row
+    completions = right_pad_ids(out.tokens, max(1, max(len(t) for t in out.tokens)), pad)
     graphdef, state = nnx.split(trainer)
     reference = np.asarray(
         compute_per_token_logps(

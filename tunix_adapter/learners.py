@@ -29,7 +29,7 @@ from jaxtyping import Bool, Float
 from tunix.rl import rl_cluster as rl_cluster_lib
 from tunix.rl.grpo import grpo_learner
 
-from sgl_jax_rollout.rollout_inputs import right_pad_values
+from sgl_jax_rollout.rollout_inputs import right_pad_ids, right_pad_values
 from tunix_adapter import egpo
 from tunix_adapter.cluster import RolloutCluster
 from tunix_adapter.metrics import rollout_metrics
@@ -163,9 +163,7 @@ class RolloutGRPOLearner(grpo_learner.GRPOLearner):
             )
         width = self.rl_cluster.get_rollout_config(mode).max_tokens_to_generate
         pad = self.rl_cluster.rollout.pad_id()
-        ids = np.full((len(out.tokens), width), pad, np.int64)
-        for i, tokens in enumerate(out.tokens):
-            ids[i, : min(len(tokens), width)] = np.asarray(tokens)[:width]
+        ids = right_pad_ids(out.tokens, width, pad)
         mask = ids != pad  # tunix's completion mask
         entropy = right_pad_values(out.entropy, width) * mask
         logprobs = None if out.logprobs is None else right_pad_values(out.logprobs, width) * mask

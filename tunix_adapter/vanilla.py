@@ -20,6 +20,7 @@ from tunix.rl.rollout import base_rollout
 from tunix.rl.rollout.vanilla_rollout import VanillaRollout
 
 from sgl_jax_rollout.rollout import RolloutOutputWithEntropy
+from sgl_jax_rollout.rollout_inputs import right_pad_ids
 from sgl_jax_rollout.sampling.distribution import entropy_of_logits
 
 
@@ -44,9 +45,7 @@ class VanillaRolloutWithEntropy(VanillaRollout):
         # tunix's learners pass numpy str_ items, which HF fast tokenizers refuse.
         out = super().generate([str(p) for p in prompts], rollout_config, **kwargs)
         width = max(1, max(len(t) for t in out.tokens))
-        completions = np.full((len(out.tokens), width), self.pad_id(), np.int32)
-        for i, tokens in enumerate(out.tokens):
-            completions[i, : len(tokens)] = np.asarray(tokens)
+        completions = right_pad_ids(out.tokens, width, self.pad_id())
         graphdef, state = self._sampler.model_def_and_state()
         logps, logits = common.compute_per_token_logps(
             graphdef,
