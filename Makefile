@@ -1,5 +1,13 @@
 # make test: create .venv (Python 3.12 when one can be found), install the package with its
-# test extra, lint, and run the test suite. Engine tests skip when sgl_jax is not installed.
+# test extra, install the sgl-jax engine when it cannot be imported, lint, run the test suite.
+# make demo: the same environment and engine (required), then 20 GRPO steps on CPU.
+#
+# The engine (docs/design.md, "Dependencies"): sgl-jax at the commit pinned in
+# sgl_jax_rollout/engine/availability.py. WHEELHOUSE=DIR tries a wheel of that commit from DIR
+# first (pip --find-links: its own dependencies still come from the package index); then
+# SGL_JAX_SPEC (default: the upstream repository at the pinned commit, which needs github).
+# REQUIRE_ENGINE=1 (CI) fails when the engine cannot be installed and turns any skipped
+# engine-marked test into a failure; without it the engine tests skip, with one line saying why.
 SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -12,7 +20,18 @@ PYTHON_312 := $(shell for p in "$$(command -v python3.12)" \
 	[ -n "$$p" ] && "$$p" -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1 && { echo "$$p"; break; }; done)
 BASE_PYTHON := $(if $(PYTHON_312),$(PYTHON_312),$(shell command -v python3.11 2>/dev/null || command -v python3))
 
-.PHONY: test lint demo venv clean
+# The pinned commit and its wheel's version, read from availability.py (it imports nothing).
+SGL_JAX_PIN := $(shell $(BASE_PYTHON) -c 'import runpy; a = runpy.run_path("sgl_jax_rollout/engine/availability.py"); print(a["PINNED_COMMIT"], a["WHEEL_VERSION"])')
+SGL_JAX_COMMIT := $(word 1,$(SGL_JAX_PIN))
+SGL_JAX_EXTRA ?= cpu
+SGL_JAX_SPEC ?= sglang-jax[$(SGL_JAX_EXTRA)] @ git+https://github.com/sgl-project/sglang-jax@$(SGL_JAX_COMMIT)\#subdirectory=python
+SGL_JAX_WHEEL ?= sglang-jax[$(SGL_JAX_EXTRA)]==$(word 2,$(SGL_JAX_PIN))
+WHEELHOUSE ?=
+REQUIRE_ENGINE ?=
+ENGINE_LOG := $(VENV)/engine-install.log
+DEMO_ARGS ?=
+
+.PHONY: test lint engine demo venv clean
 
 venv: $(STAMP)
 
@@ -26,26 +45,38 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e ".[test]"
 	@touch $(STAMP)
 
+# Installs sgl-jax when `import sgl_jax` fails: WHEELHOUSE first, then SGL_JAX_SPEC. On failure,
+# one line says why (the full pip output is in $(ENGINE_LOG)); it fails only with REQUIRE_ENGINE.
+engine: $(STAMP)
+	@$(PY) -c 'import sgl_jax' 2>/dev/null && exit 0; \
+	if ! $(PY) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))'; then \
+		why="$(PY) is not Python 3.12, which sgl-jax needs"; \
+	else \
+		: > $(ENGINE_LOG); why=""; \
+		if [ -n "$(WHEELHOUSE)" ]; then \
+			echo "installing sgl-jax $(SGL_JAX_COMMIT) from the wheelhouse $(WHEELHOUSE)" >&2; \
+			$(PY) -m pip install --quiet --find-links "$(WHEELHOUSE)" "$(SGL_JAX_WHEEL)" >> $(ENGINE_LOG) 2>&1 \
+				&& $(PY) -c 'import sgl_jax' && exit 0; \
+			why="wheelhouse $(WHEELHOUSE): $$(grep -m1 '^ERROR' $(ENGINE_LOG) || echo 'installed but not importable'); "; \
+		fi; \
+		echo "installing sgl-jax from $(SGL_JAX_SPEC)" >&2; \
+		$(PY) -m pip install --quiet "$(SGL_JAX_SPEC)" >> $(ENGINE_LOG) 2>&1 && $(PY) -c 'import sgl_jax' && exit 0; \
+		why="$$why$(SGL_JAX_SPEC): $$(grep '^ERROR' $(ENGINE_LOG) | tail -n1) (pip output in $(ENGINE_LOG))"; \
+	fi; \
+	if [ -n "$(REQUIRE_ENGINE)" ]; then \
+		echo "make: the sgl-jax engine is required (REQUIRE_ENGINE) but could not be installed: $$why" >&2; exit 2; \
+	fi; \
+	echo "make: sgl-jax not installed, engine tests will skip: $$why" >&2
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-test: lint
-	$(PY) -m pytest -q
-
-# make demo: the environment, the engine when missing (DESIGN.md section 2: from its upstream
-# repository at the pinned commit; it is not on PyPI at a usable version), the tiny model,
-# then 20 GRPO steps on CPU. DEMO_ARGS passes more options (e.g. DEMO_ARGS="--algo egpo").
-SGL_JAX_COMMIT := cddbf6f1cc33cbdd453bd8f36ff7051cf46ca176
-SGL_JAX_SPEC := sglang-jax[cpu] @ git+https://github.com/sgl-project/sglang-jax@$(SGL_JAX_COMMIT)\#subdirectory=python
-DEMO_ARGS ?=
+test: lint engine
+	SGL_JAX_ROLLOUT_REQUIRE_ENGINE=$(if $(REQUIRE_ENGINE),1,0) $(PY) -m pytest -q
 
 demo: $(STAMP)
-	@$(PY) -c 'import sgl_jax' 2>/dev/null || { \
-		echo "make demo: installing sgl-jax $(SGL_JAX_COMMIT) from its upstream repository" >&2; \
-		$(PY) -m pip install --quiet "$(SGL_JAX_SPEC)" || { \
-			echo "make demo: could not install sgl-jax (needs Python 3.12 and access to github.com)." >&2; \
-			echo "Install it by hand: $(PY) -m pip install \"$(SGL_JAX_SPEC)\"" >&2; exit 2; }; }
+	@$(MAKE) --no-print-directory engine REQUIRE_ENGINE=1
 	@$(PY) -c 'from sgl_jax_rollout.tiny_model import default_model_dir as d; print("tiny model:", d())'
 	$(VENV)/bin/sgl-jax-rollout demo --steps 20 --algo grpo --out demo_out $(DEMO_ARGS)
 

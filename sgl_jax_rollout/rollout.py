@@ -2,7 +2,7 @@
 
 A thin adapter, like tunix's `VanillaRollout`: it turns prompts and `RolloutConfig` into
 engine requests (`rollout_inputs` holds the rules) and engine completions into a
-`RolloutOutput` with `entropy` added, aligned as DESIGN.md section 4 says. Engine mechanics
+`RolloutOutput` with `entropy` added, aligned as docs/design.md section 4 says. Engine mechanics
 live in `sgl_jax_rollout.engine`, sampling math in `sgl_jax_rollout.sampling`.
 """
 

@@ -4,7 +4,7 @@ Owns the host-side rules of `SglangJaxRollout`, kept apart so they are tested wi
 engine: `RolloutConfig` + per-call overrides -> `SamplingOptions`; per-sample seeds (`n`
 samples of a prompt are adjacent; an int seed gives every row its own stream, a list gives
 one seed per prompt); prompt left truncation and left padding; completion lengths inside
-padded arrays (DESIGN.md section 4); `generation_config.json` -> default options.
+padded arrays (docs/design.md section 4); `generation_config.json` -> default options.
 
 Imports neither sgl_jax nor tunix (a `RolloutConfig` is read by attribute).
 """

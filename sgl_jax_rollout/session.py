@@ -3,7 +3,7 @@
 Owns `Session` and `Node`. A session tracks sequences as nodes; a request whose prompt
 begins with a node's tokens (or, for text, with the node's `full_text`) extends that node:
 only the new suffix is tokenised, and the sampled tokens of earlier turns are never
-re-tokenised. Per DESIGN.md section 4, prompt and environment positions hold -100 in
+re-tokenised. Per docs/design.md section 4, prompt and environment positions hold -100 in
 `masked_tokens`, 1.0 in `logprobs` and 0.0 in `entropy`; sampled positions hold the token, its
 logprob and its entropy. Default mode replaces the extended node; tree mode (`track_tree`)
 keeps every node, keyed and linked to its parent. `n > 1` branches into n nodes.

@@ -1,12 +1,23 @@
 """Markers (`engine` tests need sgl_jax importable, `tpu` tests need a TPU; both skip otherwise)
 and the engine tests' shared fixtures: one tiny model, one trainer model, one rollout for the
-whole session (starting an engine compiles for about a minute on CPU)."""
+whole session (starting an engine compiles for about a minute on CPU).
+
+With `SGL_JAX_ROLLOUT_REQUIRE_ENGINE=1` (CI, `make test REQUIRE_ENGINE=1`) the engine is
+required: a missing engine stops the run at collection, and an engine-marked test that skips
+for any reason fails (a `tpu`-marked test may still skip)."""
 
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import pytest
+
+REQUIRE_ENGINE_VAR = "SGL_JAX_ROLLOUT_REQUIRE_ENGINE"
+
+
+def _engine_required() -> bool:
+    return os.environ.get(REQUIRE_ENGINE_VAR) == "1"
 
 
 def _has_tpu() -> bool:
@@ -20,12 +31,34 @@ def _has_tpu() -> bool:
 
 def pytest_collection_modifyitems(config, items):
     no_engine = importlib.util.find_spec("sgl_jax") is None
+    if no_engine and _engine_required():
+        raise pytest.UsageError(
+            f"{REQUIRE_ENGINE_VAR}=1 but sgl_jax is not importable: install the engine "
+            "(make engine WHEELHOUSE=DIR) or unset the variable"
+        )
     for item in items:
         # Markers, not keywords: keywords also hold directory names (tests/engine/).
         if no_engine and item.get_closest_marker("engine") is not None:
             item.add_marker(pytest.mark.skip(reason="sgl_jax is not installed"))
         if item.get_closest_marker("tpu") is not None and not _has_tpu():
             item.add_marker(pytest.mark.skip(reason="no TPU present"))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Where the engine is required, an engine test that skips has not passed: fail it."""
+    report = (yield).get_result()
+    if (
+        report.skipped
+        and _engine_required()
+        and item.get_closest_marker("engine") is not None
+        and item.get_closest_marker("tpu") is None
+        and not hasattr(report, "wasxfail")
+    ):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        reason = str(reason).removeprefix("Skipped: ")
+        report.outcome = "failed"
+        report.longrepr = f"engine test skipped while {REQUIRE_ENGINE_VAR}=1: {reason}"
 
 
 def perturbed(state, scale: float = 0.5, seed: int = 0):

@@ -1,4 +1,4 @@
-"""EGPO: the entropy-guided GRPO advantage (DESIGN.md section 5), registered with tunix.
+"""EGPO: the entropy-guided GRPO advantage (docs/design.md section 5), registered with tunix.
 
 Owns the formula and its inputs: `EgpoSettings` (lambda, alpha, think ids; validated),
 `think_span_entropy` (mean rollout entropy over the tokens strictly between think-start and

@@ -13,7 +13,7 @@ the trainer side consumes:
 
 The split is the same in both: the prompt is everything before the first sampled token; the
 "completion" is every later token, sampled (mask 1) or environment (mask 0). Padding uses
-tunix's own agentic helpers, so both inputs pad exactly as tunix's learner does. DESIGN.md
+tunix's own agentic helpers, so both inputs pad exactly as tunix's learner does. docs/design.md
 section 4's session fills (1.0 logprob at environment positions) become tunix's (0.0).
 """
 

@@ -33,7 +33,7 @@ class SamplerConfig:
     penalties: apply repetition / frequency / presence penalties and min_new_tokens (needs the
         token-id arrays of the batch). Off, those settings must be neutral.
     return_logprob / logprobs_mode: the sampled token's logprob, "processed" or "raw".
-    return_entropy / entropy_source / entropy_top_k: per-token entropy (DESIGN.md section 3).
+    return_entropy / entropy_source / entropy_top_k: per-token entropy (docs/design.md section 3).
     top_logprobs: how many top tokens to return with logprobs (0 = none).
     candidates: size of the bounded candidate set taken with `lax.top_k`; rows whose kept set
         fits in it never touch the full vocabulary again. Larger rows fall back to an exact

@@ -24,7 +24,7 @@ MAX_TOP_LOGPROBS = 20
 
 @dataclasses.dataclass(frozen=True)
 class SamplingOptions:
-    """Sampling settings of one request (DESIGN.md section 3).
+    """Sampling settings of one request (docs/design.md section 3).
 
     temperature: 0 means greedy for this request; otherwise logits are divided by it.
     top_k: -1 disables top-k; otherwise keep the k most likely tokens.

@@ -1,6 +1,6 @@
 """The jitted sampling step: penalties, temperature, truncation, draw, logprob and entropy.
 
-This docstring is the one place where the order of DESIGN.md section 3 is written. For each
+This docstring is the one place where the order of docs/design.md section 3 is written. For each
 row of the batch, with that row's own settings:
 
 1. `z` = model logits upcast to float32; ids at or beyond `valid_vocab_size` are -inf.

@@ -1,6 +1,6 @@
 """`make_tiny_model`: writes the built-in tiny model directory, offline and deterministically.
 
-Owns the files of DESIGN.md section 6: `config.json` (HF layout for qwen3, qwen2 or llama),
+Owns the files of docs/design.md section 6: `config.json` (HF layout for qwen3, qwen2 or llama),
 `model.safetensors` with seeded random float32 weights scaled so next-token distributions
 have varied, clearly non-uniform entropy, `generation_config.json`, and the tokenizer files
 (from `tokenizer.py`). The same seed gives the same bytes. The model's `vocab_size` equals the

@@ -1,4 +1,4 @@
-"""EGPO advantage (DESIGN.md section 5) against hand-computed values and its properties."""
+"""EGPO advantage (docs/design.md section 5) against hand-computed values and its properties."""
 
 import numpy as np
 import pytest

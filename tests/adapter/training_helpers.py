@@ -44,7 +44,7 @@ def changed(before, after) -> bool:
 
 
 def check_example(example, config: demo.DemoConfig, pad_id: int) -> None:
-    """Fields, shapes and masks of one training example, as DESIGN.md section 4 fixes them."""
+    """Fields, shapes and masks of one training example, as docs/design.md section 4 fixes them."""
     rows = config.prompts_per_step * config.num_generations
     shape = (rows, config.max_tokens)
     ids = np.asarray(example.completion_ids)

@@ -1,4 +1,4 @@
-"""An independent float64 numpy reference of DESIGN.md section 3, one row at a time.
+"""An independent float64 numpy reference of docs/design.md section 3, one row at a time.
 
 Written from the spec, sorting the vocabulary the plain way: nothing here is shared with the
 sampler under test.
