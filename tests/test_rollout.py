@@ -88,6 +88,9 @@ def test_get_per_token_logps_equals_trainer_on_given_completions(rollout, traine
         [[rollout.pad_id()] * 3 + list(rng.integers(10, 900, 5)), list(rng.integers(10, 900, 8))]
     )
     completions = rng.integers(10, 900, (2, 12)).astype(np.int32)
+    # The last vocabulary id: sgl-jax reports it as 0 beside a logprob taken at the real id.
+    last_id = rollout.engine.vocab_size - 1
+    completions[0, 2] = completions[1, 0] = last_id
     completions[0, 9:] = rollout.pad_id()
     completions[1, 5] = rollout.eos_id()
     ours = np.asarray(rollout.get_per_token_logps(prompts, jnp.asarray(completions)))

@@ -188,7 +188,7 @@ class RolloutEngine:
         for i, out in zip(rows, outputs, strict=True):
             entries = out["meta_info"]["input_token_logprobs"][1:]
             ids = [e[1] for e in entries]
-            if ids != [int(t) for t in completions[i]]:
+            if ids != [reported_input_id(int(t), self.vocab_size) for t in completions[i]]:
                 raise RuntimeError(f"scoring row {i}: the engine scored other tokens than given")
             result[i] = np.asarray([e[0] for e in entries], np.float32)
         return result
@@ -352,3 +352,16 @@ def _on_devices(settings: EngineSettings, available: int) -> EngineSettings:
             "(jax.device_count())"
         )
     return settings.replace(device_indexes=tuple(range(settings.tp_size)))
+
+
+def reported_input_id(token: int, vocab_size: int) -> int:
+    """The id sgl-jax reports beside the logprob of a scored input token.
+
+    `SchedulerOutputProcessorMixin.add_input_logprob_return_values`
+    (`scheduler_output_processor_mixin.py:668`, commit in `availability.PINNED_COMMIT`) rewrites
+    every id `>= vocab_size - 1` to 0 (meant to clip image-token hashes, off by one, so the last
+    real id is caught too). Only the reported id: the logprob is gathered on device at the real
+    id (`ScheduleBatch` fills `extend_input_logprob_token_ids` from `origin_input_ids`,
+    `schedule_batch.py:1277`), so the value is right and the check must expect the rewrite.
+    """
+    return token if token < vocab_size - 1 else 0
