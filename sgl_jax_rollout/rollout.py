@@ -47,8 +47,11 @@ class SglangJaxRollout(BaseRollout):
     - model_path: HF-style model directory (default: the built-in tiny model);
     - engine_settings: `EngineSettings` or a dict of its fields;
     - sampling: `SamplingOptions` or a dict; defaults for fields `RolloutConfig` lacks
-      (repetition / frequency / presence penalty, min_p, entropy settings...), on top of the
-      model's generation_config.json;
+      (repetition / frequency / presence penalty, min_p, entropy settings...);
+    - use_generation_config: take those defaults from the model's generation_config.json
+      (penalties, min_p) before `sampling` (off by default: a checkpoint's sampling defaults
+      would make every rollout off-policy). `RolloutConfig`'s temperature / top_p / top_k
+      always win;
     - sync_actor_weights: load `rollout_actor`'s weights into the engine at start, so the
       engine serves exactly the trainer's parameters.
     With a `mesh`, the engine uses its devices (`tp_size` = device count).
@@ -64,6 +67,7 @@ class SglangJaxRollout(BaseRollout):
         model_path: str | Path | None = None,
         engine_settings: EngineSettings | Mapping[str, Any] | None = None,
         sampling: SamplingOptions | Mapping[str, Any] | None = None,
+        use_generation_config: bool = False,
         sync_actor_weights: bool = True,
         seed: int = 0,
     ) -> None:
@@ -72,12 +76,13 @@ class SglangJaxRollout(BaseRollout):
 
         model_path = Path(model_path) if model_path is not None else default_model_dir()
         settings = _settings(engine_settings, mesh)
-        defaults = inputs.default_options(model_path)
+        defaults = inputs.rollout_defaults(model_path, use_generation_config)
         if isinstance(sampling, SamplingOptions):
             defaults = sampling
         elif sampling is not None:
             defaults = defaults.replace(**dict(sampling))
         self._defaults = defaults
+        self._logged_options = False
         self._rollout_config = rollout_config
         self._fresh_seeds = np.random.default_rng(seed)
         self._engine = RolloutEngine(model_path, settings)
@@ -94,7 +99,8 @@ class SglangJaxRollout(BaseRollout):
         return self._engine
 
     def get_default_sampling_params(self) -> SamplingOptions:
-        """Options from the model's generation_config.json (library defaults where absent)."""
+        """Options from the model's generation_config.json (library defaults where absent),
+        whether or not the rollout applies them (`use_generation_config`)."""
         return inputs.default_options(self._model_path)
 
     def generate(
@@ -188,6 +194,9 @@ class SglangJaxRollout(BaseRollout):
                 f"max_prompt_length + max_tokens_to_generate ({max_prompt} + {max_new}) must "
                 f"be <= the engine's context_length ({context})"
             )
+        if not self._logged_options:
+            logger.info("first rollout call samples with %s", options)
+            self._logged_options = True
         return options, max_new, max_prompt
 
     def _sample_rows(

@@ -4,7 +4,8 @@ Owns the host-side rules of `SglangJaxRollout`, kept apart so they are tested wi
 engine: `RolloutConfig` + per-call overrides -> `SamplingOptions`; per-sample seeds (`n`
 samples of a prompt are adjacent; an int seed gives every row its own stream, a list gives
 one seed per prompt); prompt left truncation and left padding; completion lengths inside
-padded arrays (docs/design.md section 4); `generation_config.json` -> default options.
+padded arrays (docs/design.md section 4); `generation_config.json` -> default options (only
+when the user opts in).
 
 Imports neither sgl_jax nor tunix (a `RolloutConfig` is read by attribute).
 """
@@ -167,6 +168,35 @@ def default_options(model_path: str | Path) -> SamplingOptions:
         return SamplingOptions(**values)
     except ValueError as err:
         raise ValueError(f"{path}: {err}") from err
+
+
+def rollout_defaults(model_path: str | Path, use_generation_config: bool) -> SamplingOptions:
+    """The rollout's default options: the library's, or with `use_generation_config` the
+    model's generation_config.json (`default_options`).
+
+    Opt-in because the file's values change the sampled distribution (Qwen2.5-Instruct ships
+    `repetition_penalty` 1.05-1.1): applied silently, every rollout would be off-policy for a
+    trainer that scores the plain model. Without opt-in, the values that would have applied
+    are logged once, with the way to opt in.
+    """
+    from_file = default_options(model_path)
+    if use_generation_config:
+        return from_file
+    library = SamplingOptions()
+    skipped = {
+        field: getattr(from_file, field)
+        for field in GENERATION_FIELDS.values()
+        if getattr(from_file, field) != getattr(library, field)
+    }
+    if skipped:
+        logger.info(
+            "%s/generation_config.json sets %s; not applied (rollouts use RolloutConfig's "
+            "temperature / top_p / top_k and the library's other defaults). Pass "
+            "use_generation_config=True to apply the file's values.",
+            model_path,
+            ", ".join(f"{k}={v}" for k, v in skipped.items()),
+        )
+    return library
 
 
 def eos_ids(model_path: str | Path, tokenizer_eos: int | None) -> list[int]:

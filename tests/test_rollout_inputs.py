@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import types
 
 import numpy as np
 import pytest
@@ -97,3 +98,40 @@ def test_right_pad_ids_pads_and_cuts_at_width():
     ids = inputs.right_pad_ids([[5, 6, 7], [], [1, 2, 3, 4, 9]], 4, pad_id=0)
     assert ids.dtype == np.int32
     assert ids.tolist() == [[5, 6, 7, 0], [0, 0, 0, 0], [1, 2, 3, 4]]
+
+
+QWEN25_INSTRUCT_GENERATION = {
+    "do_sample": True,
+    "repetition_penalty": 1.05,
+    "temperature": 0.7,
+    "top_p": 0.8,
+    "top_k": 20,
+}
+
+
+def test_generation_config_sampling_values_apply_only_when_opted_in(tmp_path, caplog):
+    (tmp_path / "generation_config.json").write_text(json.dumps(QWEN25_INSTRUCT_GENERATION))
+    with caplog.at_level("INFO", logger="sgl_jax_rollout.rollout_inputs"):
+        plain = inputs.rollout_defaults(tmp_path, use_generation_config=False)
+    assert plain == SamplingOptions()
+    assert "repetition_penalty=1.05" in caplog.text
+    assert "use_generation_config=True" in caplog.text
+    opted = inputs.rollout_defaults(tmp_path, use_generation_config=True)
+    assert opted.repetition_penalty == 1.05 and opted == inputs.default_options(tmp_path)
+    # RolloutConfig's temperature / top_p / top_k win either way; the file's penalty stays.
+    rc = types.SimpleNamespace(temperature=1.0, top_p=None, top_k=None, return_logprobs=True)
+    call = inputs.options_for_call(opted, rc, {})
+    assert (call.temperature, call.top_p, call.top_k, call.repetition_penalty) == (
+        1.0,
+        1.0,
+        -1,
+        1.05,
+    )
+    assert inputs.options_for_call(plain, rc, {}).repetition_penalty == 1.0
+
+
+def test_library_defaults_log_nothing_when_the_file_changes_no_sampling_value(tmp_path, caplog):
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": 2}))
+    with caplog.at_level("INFO", logger="sgl_jax_rollout.rollout_inputs"):
+        assert inputs.rollout_defaults(tmp_path, use_generation_config=False) == SamplingOptions()
+    assert caplog.text == ""
