@@ -278,6 +278,40 @@ def test_wrong_shape_update_raises_and_keeps_serving_old_weights(rollout):
     assert [t.tolist() for t in after.tokens] == [t.tolist() for t in before.tokens]
 
 
+def edited(state, path, value=None):
+    """A copy of `state` with the entry at `path` removed (value None) or set to `value`."""
+    state = jax.tree_util.tree_map(lambda x: x, state)
+    node = state
+    for key in path[:-1]:
+        node = node[key]
+    if value is None:
+        del node[path[-1]]
+    else:
+        node[path[-1]] = value
+    return state
+
+
+def test_incomplete_or_non_float_updates_raise_naming_the_parameter_and_keep_old_weights(
+    rollout, trainer
+):
+    rc = config(temperature=0.0, max_tokens_to_generate=12)
+    before = rollout.generate(PROMPTS, rc)
+    state = nnx.state(trainer, nnx.Param)
+    with pytest.raises(ValueError, match=r"does not cover 1 engine parameter.*up_proj"):
+        rollout.update_params(edited(state, ("layers", 1, "mlp", "up_proj")))
+    extra = nnx.Param(jnp.zeros((4, 4), jnp.float32))
+    with pytest.raises(
+        ValueError, match=r"1 parameter\(s\) of the new state have no mapping.*extra"
+    ):
+        rollout.update_params(edited(state, ("layers", 0, "mlp", "extra"), {"kernel": extra}))
+    norm = state["final_norm"]["w"]
+    as_int = nnx.Param(jnp.ones(norm.shape, jnp.int32))
+    with pytest.raises(ValueError, match=r"floating dtype; not \['final_norm'\]\['w'\].*int32"):
+        rollout.update_params(edited(state, ("final_norm", "w"), as_int))
+    after = rollout.generate(PROMPTS, rc)
+    assert [t.tolist() for t in after.tokens] == [t.tolist() for t in before.tokens]
+
+
 def rss_bytes() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")

@@ -7,6 +7,13 @@ the engine's own layout, puts every leaf on the sharding of the leaf it replaces
 path, shape and dtype of every leaf, and only then swaps. A mismatch raises `ValueError`
 naming the parameter, and the engine keeps its old weights.
 
+Integrity: every engine parameter is written by the update, or it raises naming what is
+missing. tunix's mapper only logs "No mapping for source key" and leaves every target it did
+not write at its old value; here a source parameter without a mapping, an engine parameter the
+mapping did not write (found at trace time: its output is its own input) and a non-floating
+leaf are errors. Floating leaves are cast to the engine's dtype (a float32 trainer into a
+bfloat16 engine is the usual case).
+
 The swap itself (upstream shape at the pinned commit) is: replace
 `model_runner.model_state_leaves` with leaves of the same tree, shape, dtype and sharding
 (what the jitted forward reads at every call; no recompilation), and update the runner's
@@ -57,6 +64,7 @@ class WeightSwapper:
             leaves, treedef = jax.tree_util.tree_flatten(params)
         except Exception as err:
             raise ValueError(f"update_params: cannot read the new parameters: {err}") from err
+        _refuse_non_floating(params)
         if treedef != self._treedef:
             leaves = self._from_tunix(treedef, leaves, params)
         return self._checked(leaves)
@@ -86,11 +94,29 @@ class WeightSwapper:
             head_dim = model_config.head_dim
 
             treedef = self._treedef
+            engine_names = _leaf_names(self.engine_state())
 
             def transfer(src_def, src_leaves: list, dst_leaves: list) -> list:
+                src_state = jax.tree_util.tree_unflatten(src_def, src_leaves)
+                dst_state = jax.tree_util.tree_unflatten(treedef, dst_leaves)
+                # tunix's own source -> target table, as its transfer builds it.
+                table_keys = tunix_utils.build_flat_dict(
+                    dst_state.flat_state(), config.to_hf_mappings
+                )
+                unmapped = [
+                    key
+                    for key in (".".join(map(str, path)) for path, _ in src_state.flat_state())
+                    if "rng" not in key and key not in table_keys
+                ]
+                if unmapped:
+                    raise WeightSyncError(
+                        f"update_params: {len(unmapped)} parameter(s) of the new state have no "
+                        f"mapping onto the engine's {family} model: {_listed(unmapped)}"
+                        + _lora_hint(unmapped)
+                    )
                 out = tunix_utils.transfer_state_with_mappings(
-                    src_state=jax.tree_util.tree_unflatten(src_def, src_leaves),
-                    dst_state=jax.tree_util.tree_unflatten(treedef, dst_leaves),
+                    src_state=src_state,
+                    dst_state=dst_state,
                     key_mappings=config.to_hf_mappings,
                     key_mapping_hook_fns=config.to_hf_hook_fns,
                     transpose_keys=config.to_hf_transpose_keys,
@@ -98,7 +124,19 @@ class WeightSwapper:
                     num_kv_heads=num_kv_heads,
                     head_dim=head_dim,
                 )
-                return jax.tree_util.tree_leaves(out)
+                out_leaves = jax.tree_util.tree_leaves(out)
+                # A target tunix did not write comes back as its own input tracer.
+                unwritten = [
+                    engine_names[i]
+                    for i, (new, old) in enumerate(zip(out_leaves, dst_leaves, strict=True))
+                    if new is old
+                ]
+                if unwritten:
+                    raise WeightSyncError(
+                        f"update_params: the new state does not cover {len(unwritten)} engine "
+                        f"parameter(s), which would keep their old values: {_listed(unwritten)}"
+                    )
+                return out_leaves
 
             # tunix's transposes, reshapes and casts, fused into one program whose outputs
             # land on the engine's shardings: one copy of the weights per update. Flat leaf
@@ -111,6 +149,8 @@ class WeightSwapper:
         try:
             src_leaves = self._on_engine_devices(src_leaves)
             return self._mapper(src_def, src_leaves, self._runner.model_state_leaves)
+        except WeightSyncError:
+            raise
         except Exception as err:  # tunix raises several types; name the stage for the user
             raise ValueError(f"update_params: mapping the tunix state failed: {err}") from err
         finally:
@@ -149,6 +189,40 @@ class WeightSwapper:
         return leaves
 
 
+class WeightSyncError(ValueError):
+    """An update that would leave the engine with parameters the trainer did not send."""
+
+
+def _refuse_non_floating(params: Any) -> None:
+    """Only floating leaves are weights (tunix would cast an integer leaf silently); RNG state,
+    which tunix skips by name, is left out."""
+    bad = [
+        f"{jax.tree_util.keystr(path)} ({leaf.dtype})"
+        for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]
+        if hasattr(leaf, "dtype")
+        and "rng" not in jax.tree_util.keystr(path)
+        and not jax.numpy.issubdtype(leaf.dtype, jax.numpy.floating)
+    ]
+    if bad:
+        raise WeightSyncError(
+            f"update_params: parameters must have a floating dtype; not {_listed(bad)}"
+        )
+
+
+def _listed(names: list[str], limit: int = 8) -> str:
+    more = f" and {len(names) - limit} more" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more
+
+
+def _lora_hint(keys: list[str]) -> str:
+    if any("lora" in key for key in keys):
+        return (
+            ". This looks like a LoRA-only state (nnx.LoRAParam); merging adapters into the "
+            "engine is not supported yet: pass the merged weights (nnx.Param after merging)"
+        )
+    return ""
+
+
 def _split_over(mesh: jax.sharding.Mesh, leaf: jax.Array) -> jax.sharding.NamedSharding:
     """A sharding of `leaf` over all of `mesh`'s devices: each mesh axis (largest first) splits
     the first free dimension it divides, preferring dimensions the leaf is already split
@@ -167,8 +241,12 @@ def _split_over(mesh: jax.sharding.Mesh, leaf: jax.Array) -> jax.sharding.NamedS
     return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*spec))
 
 
+def _leaf_names(tree: Any) -> list[str]:
+    return [jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
+
+
 def _leaf_name(tree: Any, index: int) -> str:
-    return jax.tree_util.keystr(jax.tree_util.tree_flatten_with_path(tree)[0][index][0])
+    return _leaf_names(tree)[index]
 
 
 def _structure_difference(candidate: Any, current: nnx.State) -> str:
