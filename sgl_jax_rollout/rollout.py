@@ -14,11 +14,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
 
 from sgl_jax_rollout import rollout_inputs as inputs
+from sgl_jax_rollout.engine.lora import lora_names
 from sgl_jax_rollout.engine.rows import RequestSpec
 from sgl_jax_rollout.engine.settings import EngineSettings
 from sgl_jax_rollout.sampling.options import SamplingOptions
@@ -53,7 +55,11 @@ class SglangJaxRollout(BaseRollout):
       would make every rollout off-policy). `RolloutConfig`'s temperature / top_p / top_k
       always win;
     - sync_actor_weights: load `rollout_actor`'s weights into the engine at start, so the
-      engine serves exactly the trainer's parameters.
+      engine serves exactly the trainer's parameters;
+    - lora_scaling: qwix's `alpha / rank`, for an actor with LoRA adapters (default: the
+      rollout config's `rollout_sglang_jax_lora_scaling`). The engine then serves the merged
+      `W + lora_scaling * A @ B`; `update_params(lora_state, (nnx.LoRAParam,))`, which is what
+      tunix's `sync_weights` sends, merges the new adapters into the actor's frozen base.
     With a `mesh`, the engine uses its devices (`tp_size` = device count).
     """
 
@@ -69,6 +75,7 @@ class SglangJaxRollout(BaseRollout):
         sampling: SamplingOptions | Mapping[str, Any] | None = None,
         use_generation_config: bool = False,
         sync_actor_weights: bool = True,
+        lora_scaling: float | None = None,
         seed: int = 0,
     ) -> None:
         from sgl_jax_rollout.engine.engine import RolloutEngine
@@ -89,6 +96,10 @@ class SglangJaxRollout(BaseRollout):
         self._tokenizer = TokenizerAdapter(tokenizer or self._engine.tokenizer)
         self._model_eos = inputs.eos_ids(model_path, self._tokenizer.eos_id())
         self._model_path = model_path
+        self._actor = rollout_actor
+        if lora_scaling is None:
+            lora_scaling = getattr(rollout_config, "rollout_sglang_jax_lora_scaling", None)
+        self._lora_scaling = lora_scaling
         if rollout_actor is not None and sync_actor_weights:
             from flax import nnx
 
@@ -274,9 +285,33 @@ class SglangJaxRollout(BaseRollout):
         return jnp.asarray(inputs.right_pad_values(scores, completion_tokens.shape[1]))
 
     def update_params(self, params: Any, filter_types: tuple[Any, ...] | None = None) -> None:
-        """Swaps in new weights (tunix nnx state or engine layout); see `engine.weights`."""
-        del filter_types  # the cluster already filtered the state it passes
-        self._engine.update_weights(params)
+        """Swaps in new weights (tunix nnx state or engine layout); see `engine.weights`.
+
+        LoRA factors (tunix passes only `nnx.LoRAParam` when the actor has adapters; a full
+        `nnx.Param` state of a LoRA model holds base and factors) are merged into the actor's
+        frozen base weights on the way in (`engine.lora`).
+        """
+        del filter_types  # the cluster already filtered the state it passes; names tell LoRA
+        from flax import nnx
+
+        if not isinstance(params, nnx.State) or not lora_names(params):
+            self._engine.update_weights(params)
+            return
+        if self._lora_scaling is None:
+            raise ValueError(
+                "update_params: LoRA factors need lora_scaling (qwix's alpha / rank): pass "
+                "SglangJaxRollout(lora_scaling=...)"
+            )
+        lora = params.filter(nnx.LoRAParam)
+        base = params.filter(nnx.Not(nnx.LoRAParam))
+        if not jax.tree_util.tree_leaves(base):  # only adapters: the base is the actor's
+            if self._actor is None:
+                raise ValueError(
+                    "update_params: an adapters-only update needs the base weights: build the "
+                    "rollout with rollout_actor= (the LoRA model), as tunix's cluster does"
+                )
+            base = nnx.state(self._actor, nnx.All(nnx.Param, nnx.Not(nnx.LoRAParam)))
+        self._engine.update_weights(base, lora=lora, lora_scaling=self._lora_scaling)
 
     def pad_id(self) -> int:
         return self._tokenizer.pad_id()

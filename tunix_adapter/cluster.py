@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from tunix.rl import utils as rl_utils
 
 from sgl_jax_rollout.rollout import RolloutOutputWithEntropy
 from tunix_adapter.models import load_tunix_model
+from tunix_adapter.upstream_fixes import fix_sharing_check
 
 ROLLOUTS = ("sglang_jax", "vanilla")
 
@@ -70,6 +72,35 @@ class RolloutCluster(rl_cluster_lib.RLCluster):
         return self.last_rollout
 
 
+LORA_MODULES = ".*q_proj|.*k_proj|.*v_proj|.*o_proj|.*gate_proj|.*up_proj|.*down_proj"
+
+
+def lora_scaling(lora: Mapping[str, Any] | None) -> float | None:
+    """qwix's LoRA scaling, alpha / rank (None without LoRA)."""
+    if not lora:
+        return None
+    rank, alpha = lora.get("rank"), lora.get("alpha")
+    if not isinstance(rank, int) or rank < 1:
+        raise ValueError(f"lora rank must be an integer >= 1, got {rank!r}")
+    if not isinstance(alpha, int | float) or alpha <= 0:
+        raise ValueError(f"lora alpha must be > 0, got {alpha!r}")
+    return float(alpha) / rank
+
+
+def with_lora(model: Any, lora: Mapping[str, Any], mesh: jax.sharding.Mesh) -> Any:
+    """`model` with qwix LoRA adapters (B = 0: the same function until trained), as tunix's
+    own CLI applies them."""
+    import qwix
+    from tunix.rl import reshard
+
+    lora_scaling(lora)
+    provider = qwix.LoraProvider(
+        module_path=lora.get("module_path", LORA_MODULES), rank=lora["rank"], alpha=lora["alpha"]
+    )
+    adapted = qwix.apply_lora_to_model(model, provider, **model.get_model_input())
+    return reshard.reshard_model_to_mesh(adapted, mesh)
+
+
 def build_cluster(
     *,
     rollout: str = "sglang_jax",
@@ -82,6 +113,7 @@ def build_cluster(
     with_reference: bool = True,
     with_critic: bool = False,
     preset: Any = None,
+    lora: Mapping[str, Any] | None = None,
 ) -> RolloutCluster:
     """A `RolloutCluster` for `model_path` with the named rollout.
 
@@ -89,6 +121,9 @@ def build_cluster(
     `tpu_configs.Preset`, the trainer roles run on its trainer mesh and the rollout on its
     rollout mesh, with its engine settings (`engine_settings`, a mapping, overrides them);
     the device count and the model's kv heads are checked first.
+
+    `lora` ({"rank": r, "alpha": a, "module_path": regex}, qwix's `LoraProvider` fields)
+    trains LoRA adapters on the actor; the rollout serves the merged weights.
     """
     if rollout not in ROLLOUTS:
         raise ValueError(f"rollout must be one of {ROLLOUTS}, got {rollout!r}")
@@ -123,12 +158,16 @@ def build_cluster(
             model_path=model_path,
             engine_settings=engine_settings,
             sampling=sampling,
+            lora_scaling=lora_scaling(lora),
         )
     else:
         from tunix_adapter.vanilla import VanillaRolloutWithEntropy
 
         engine = VanillaRolloutWithEntropy
     actor = load_tunix_model(model_path, mesh)
+    if lora:
+        fix_sharing_check()  # a LoRA actor has more leaves than the rollout's model
+        actor = with_lora(actor, lora, mesh)
     critic = None
     if with_critic:
         critic = rl_utils.create_critic_model(load_tunix_model(model_path, mesh))

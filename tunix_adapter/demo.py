@@ -78,6 +78,8 @@ class DemoConfig:
     tis_cap: float | None = None  # GRPO / EGPO: TIS against the trainer instead of rollout-old
     engine_settings: Any = None
     preset: str | None = None  # a tpu_configs name: meshes and engine settings of that slice
+    lora_rank: int = 0  # > 0: train qwix LoRA adapters of this rank on the actor
+    lora_alpha: float = 16.0
     show_progress: bool = True
 
     def __post_init__(self) -> None:
@@ -88,6 +90,8 @@ class DemoConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.num_generations < 2:
             raise ValueError(f"num_generations must be >= 2, got {self.num_generations}")
+        if self.lora_rank < 0:
+            raise ValueError(f"lora_rank must be >= 0 (0: no LoRA), got {self.lora_rank}")
         if not (0 < self.learning_rate < 1):
             raise ValueError(f"learning_rate must be in (0, 1), got {self.learning_rate}")
 
@@ -155,6 +159,7 @@ def build(config: DemoConfig):
         with_reference=False,
         with_critic=config.algo == "ppo",
         preset=preset,
+        lora={"rank": config.lora_rank, "alpha": config.lora_alpha} if config.lora_rank else None,
     )
     try:
         return cluster, _learner(config, cluster, vowel_word_reward)

@@ -220,15 +220,18 @@ class RolloutEngine:
     def engine_state(self):
         return self._weights.engine_state()
 
-    def update_weights(self, params: Any) -> None:
-        """Checks, then swaps in `params` (tunix nnx state or engine layout); flushes the cache.
+    def update_weights(
+        self, params: Any, lora: Any = None, lora_scaling: float | None = None
+    ) -> None:
+        """Checks, then swaps in `params` (tunix nnx state or engine layout; with `lora`, the
+        base those adapters are merged into); flushes the cache.
 
         Mapping and checks run on the caller's thread; the swap and the prefix-cache flush run
         together on the scheduler thread while it is fully idle, so no step sees half of it.
         """
         with self._lock:
             self._check_open()
-            leaves = self._weights.prepare(params)
+            leaves = self._weights.prepare(params, lora, lora_scaling)
             self._when_idle(lambda scheduler: self._swap_and_flush(scheduler, leaves))
 
     def _swap_and_flush(self, scheduler: Any, leaves: list) -> None:

@@ -33,6 +33,8 @@ from typing import Any
 import jax
 from flax import nnx
 
+from sgl_jax_rollout.engine.lora import LORA_A, LORA_B, merge_lora
+
 # config.json model_type -> tunix model package with a mapping_sglang_jax module.
 TUNIX_FAMILIES = {"qwen3": "qwen3", "qwen2": "qwen2", "llama": "llama3"}
 
@@ -58,13 +60,28 @@ class WeightSwapper:
         """The engine's current parameters, in its own layout (fresh Variables, same arrays)."""
         return jax.tree_util.tree_unflatten(self._treedef, self._runner.model_state_leaves)
 
-    def prepare(self, params: Any) -> list[jax.Array]:
-        """New leaves for the engine, checked against the current ones (raises on mismatch)."""
+    def prepare(
+        self, params: Any, lora: Any = None, lora_scaling: float | None = None
+    ) -> list[jax.Array]:
+        """New leaves for the engine, checked against the current ones (raises on mismatch).
+
+        With `lora` (a tunix state of qwix LoRA factors), `params` is the frozen base in tunix's
+        layout and the engine gets `base + lora_scaling * A @ B` (`engine.lora`), merged inside
+        the mapping program.
+        """
         try:
             leaves, treedef = jax.tree_util.tree_flatten(params)
+            lora_leaves, lora_def = jax.tree_util.tree_flatten(lora)
         except Exception as err:
             raise ValueError(f"update_params: cannot read the new parameters: {err}") from err
         _refuse_non_floating(params)
+        _refuse_non_floating(lora)
+        if lora is not None:
+            if lora_scaling is None:
+                raise ValueError("update_params: a LoRA update needs lora_scaling (alpha / rank)")
+            return self._checked(
+                self._from_tunix(treedef, leaves, params, (lora_def, lora_leaves, lora_scaling))
+            )
         if treedef != self._treedef:
             leaves = self._from_tunix(treedef, leaves, params)
         return self._checked(leaves)
@@ -74,7 +91,9 @@ class WeightSwapper:
         for variable, leaf in zip(self._variables, leaves, strict=True):
             variable.set_value(leaf)
 
-    def _from_tunix(self, src_def: Any, src_leaves: list, params: Any) -> list[jax.Array]:
+    def _from_tunix(
+        self, src_def: Any, src_leaves: list, params: Any, lora: tuple | None = None
+    ) -> list[jax.Array]:
         family = TUNIX_FAMILIES.get(self._model_type)
         if family is None:
             raise ValueError(
@@ -96,9 +115,17 @@ class WeightSwapper:
             treedef = self._treedef
             engine_names = _leaf_names(self.engine_state())
 
-            def transfer(src_def, src_leaves: list, dst_leaves: list) -> list:
+            def transfer(
+                src_def, lora_def, src_leaves: list, lora_leaves: list, scaling, dst_leaves: list
+            ) -> list:
                 src_state = jax.tree_util.tree_unflatten(src_def, src_leaves)
                 dst_state = jax.tree_util.tree_unflatten(treedef, dst_leaves)
+                if lora_def is not None:
+                    adapters = jax.tree_util.tree_unflatten(lora_def, lora_leaves)
+                    try:
+                        src_state = merge_lora(src_state, adapters, scaling)
+                    except ValueError as err:
+                        raise WeightSyncError(str(err)) from None
                 # tunix's own source -> target table, as its transfer builds it.
                 table_keys = tunix_utils.build_flat_dict(
                     dst_state.flat_state(), config.to_hf_mappings
@@ -142,13 +169,22 @@ class WeightSwapper:
             # land on the engine's shardings: one copy of the weights per update. Flat leaf
             # lists in and out keep the per-call dispatch cheap.
             shardings = [x.sharding for x in self._runner.model_state_leaves]
-            self._mapper = jax.jit(transfer, static_argnums=0, out_shardings=shardings)
+            # The tree structures and the LoRA scaling (fixed per rollout) are static: no
+            # host-to-device transfer, which tunix's CPU transfer guard forbids.
+            self._mapper = jax.jit(transfer, static_argnums=(0, 1, 4), out_shardings=shardings)
         # tunix calls gc.collect() while tracing: a full collection over everything jax and
         # sgl-jax allocated (~270 ms). Frozen objects are skipped; unfreeze right after.
         gc.freeze()
         try:
-            src_leaves = self._on_engine_devices(src_leaves)
-            return self._mapper(src_def, src_leaves, self._runner.model_state_leaves)
+            lora_def, lora_leaves, scaling = lora or (None, [], 0.0)
+            return self._mapper(
+                src_def,
+                lora_def,
+                self._on_engine_devices(src_leaves),
+                self._on_engine_devices(lora_leaves),
+                float(scaling),
+                self._runner.model_state_leaves,
+            )
         except WeightSyncError:
             raise
         except Exception as err:  # tunix raises several types; name the stage for the user
@@ -215,10 +251,10 @@ def _listed(names: list[str], limit: int = 8) -> str:
 
 
 def _lora_hint(keys: list[str]) -> str:
-    if any("lora" in key for key in keys):
+    if any(key.endswith((LORA_A, LORA_B)) for key in keys):
         return (
-            ". This looks like a LoRA-only state (nnx.LoRAParam); merging adapters into the "
-            "engine is not supported yet: pass the merged weights (nnx.Param after merging)"
+            ". These are LoRA factors: pass them as update_params(lora_state, (nnx.LoRAParam,)) "
+            "on a rollout built with the LoRA actor (rollout_actor=) and lora_scaling="
         )
     return ""
 

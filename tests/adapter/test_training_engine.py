@@ -97,3 +97,50 @@ def test_twenty_demo_steps_raise_the_mean_reward(tiny_dir, tmp_path):
     assert len(rewards) == 20
     assert np.mean(rewards[-5:]) > np.mean(rewards[:5]) + 0.05, rewards
     assert (tmp_path / "metrics.png").is_file()
+
+
+def test_lora_grpo_steps_serve_the_merged_adapters(tiny_dir):
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+    from tunix.rl import common
+
+    from tunix_adapter.models import load_tunix_model
+
+    cfg = config(tiny_dir, algo="grpo", steps=3, lora_rank=8, lora_alpha=32.0, learning_rate=3e-2)
+    history, _, before, after, cluster, (_, last) = train_and_capture(cfg, probe=greedy_probe)
+    named = {
+        jax.tree_util.keystr(path): (old, new)
+        for (path, old), new in zip(
+            jax.tree_util.tree_flatten_with_path(before)[0],
+            jax.tree_util.tree_leaves(after),
+            strict=True,
+        )
+    }
+    adapters = {k: v for k, v in named.items() if "_lora_" in k}
+    assert adapters and all(
+        np.abs(new).max() > 0 for k, (_, new) in adapters.items() if "lora_b" in k
+    )
+    # tunix trains only the adapters; the base stays frozen.
+    assert all(np.array_equal(old, new) for k, (old, new) in named.items() if "_lora_" not in k)
+    # Every step's rollout logprobs are the LoRA trainer's: the engine served base + A @ B.
+    assert all(row["logp_diff_max"] < 1e-4 for row in history), history
+    assert last["tokens"] == last["actor_argmax"]
+    # The check above can fail: the trained adapters move the logprobs well past 1e-4.
+    pad, eos = cluster.rollout.pad_id(), cluster.rollout.eos_id()
+    width = max(len(t) for t in last["tokens"])
+    completions = np.full((len(PROMPTS), width), pad, np.int32)
+    for i, t in enumerate(last["tokens"]):
+        completions[i, : len(t)] = t
+    prompts = jnp.full((len(PROMPTS), 4), 7, jnp.int32)
+
+    def logps(model):
+        graphdef, state = nnx.split(model)
+        return np.asarray(
+            common.compute_per_token_logps(
+                graphdef, state, prompts, jnp.asarray(completions), pad, eos, stop_gradient=True
+            )
+        )
+
+    gap = np.abs(logps(cluster.actor_trainer.model) - logps(load_tunix_model(tiny_dir))).max()
+    assert gap > 1e-2, gap
