@@ -97,7 +97,9 @@ def with_lora(model: Any, lora: Mapping[str, Any], mesh: jax.sharding.Mesh) -> A
     provider = qwix.LoraProvider(
         module_path=lora.get("module_path", LORA_MODULES), rank=lora["rank"], alpha=lora["alpha"]
     )
-    adapted = qwix.apply_lora_to_model(model, provider, **model.get_model_input())
+    adapted = qwix.apply_lora_to_model(
+        model, provider, rngs=nnx.Rngs(lora.get("seed", 0)), **model.get_model_input()
+    )
     return reshard.reshard_model_to_mesh(adapted, mesh)
 
 
@@ -122,8 +124,9 @@ def build_cluster(
     rollout mesh, with its engine settings (`engine_settings`, a mapping, overrides them);
     the device count and the model's kv heads are checked first.
 
-    `lora` ({"rank": r, "alpha": a, "module_path": regex}, qwix's `LoraProvider` fields)
-    trains LoRA adapters on the actor; the rollout serves the merged weights.
+    `lora` ({"rank": r, "alpha": a, "module_path": regex, "seed": s}: qwix's `LoraProvider`
+    fields and the adapters' init seed) trains LoRA adapters on the actor; the rollout serves
+    the merged weights.
     """
     if rollout not in ROLLOUTS:
         raise ValueError(f"rollout must be one of {ROLLOUTS}, got {rollout!r}")

@@ -16,7 +16,10 @@ model step minus the time in the jitted model and sampler calls (`engine.profili
 
 `weights`: `update_params` with the trainer's nnx state (mapped, resharded, checked, swapped,
 cache flushed) against a plain `jax.device_put` copy of the same pytree: median of >= 5,
-`ratios.update_vs_device_put`, and compiles counted from the second call on.
+`ratios.update_vs_device_put`, and compiles counted from the second call on. Also the LoRA
+sync tunix makes with adapters on the actor (rank `LORA_RANK` on every projection): only the
+`nnx.LoRAParam` state, merged into the frozen base on the way in (`lora_update_ms`,
+`ratios.lora_vs_full_update`).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from tqdm import tqdm
 from sgl_jax_rollout.bench.workloads import WORKLOADS, prompts
 from sgl_jax_rollout.utils.compiles import count_compiles
 
+LORA_RANK = 8
 SETTINGS = dict(
     context_length=512,
     max_running_requests=64,
@@ -234,23 +238,40 @@ def run_weights(model_dir: str | Path | None = None, runs: int = 5) -> dict:
 
     from sgl_jax_rollout.rollout import SglangJaxRollout
     from sgl_jax_rollout.tiny_model import default_model_dir
+    from tunix_adapter.cluster import lora_scaling, with_lora
     from tunix_adapter.models import load_tunix_model
 
     model_dir = Path(model_dir) if model_dir else default_model_dir()
     trainer = load_tunix_model(model_dir)
     state = nnx.state(trainer, nnx.Param)
+    lora = {"rank": LORA_RANK, "alpha": 2.0 * LORA_RANK}
+    mesh = jax.make_mesh((1, 1), ("fsdp", "tp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    actor = with_lora(load_tunix_model(model_dir, mesh), lora, mesh)
+    adapters = nnx.state(actor, nnx.LoRAParam)
     rollout = SglangJaxRollout(
+        rollout_actor=actor,
         model_path=model_dir,
         engine_settings=dict(SETTINGS, precompile_bs_paddings=(1, 4, 16, 64)),
+        lora_scaling=lora_scaling(lora),
     )
-    try:
-        rollout.update_params(state)  # first call compiles tunix's mapping ops
+
+    def timed(label: str, call) -> tuple[list[float], int]:
+        """Seconds per call after the first (which compiles the mapping program), and the
+        compiles seen in those calls."""
+        call()
+        seconds = []
         with count_compiles() as compiles:
-            update = []
-            for _ in tqdm(range(runs), desc="update_params", leave=False, file=sys.stderr):
+            for _ in tqdm(range(runs), desc=label, leave=False, file=sys.stderr):
                 start = time.perf_counter()
-                rollout.update_params(state)
-                update.append(time.perf_counter() - start)
+                call()
+                seconds.append(time.perf_counter() - start)
+        return seconds, compiles.count
+
+    try:
+        update, full_compiles = timed("update_params", lambda: rollout.update_params(state))
+        lora_update, lora_compiles = timed(
+            "update_params (LoRA)", lambda: rollout.update_params(adapters, (nnx.LoRAParam,))
+        )
         put = []
         for _ in range(runs + 1):
             start = time.perf_counter()
@@ -265,8 +286,13 @@ def run_weights(model_dir: str | Path | None = None, runs: int = 5) -> dict:
         "device": jax.default_backend(),
         "parameters": params,
         "runs": runs,
+        "lora_parameters": sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(adapters)),
         "update_params_ms": 1e3 * statistics.median(update),
+        "lora_update_ms": 1e3 * statistics.median(lora_update),
         "device_put_ms": 1e3 * statistics.median(put),
-        "ratios": {"update_vs_device_put": statistics.median(update) / statistics.median(put)},
-        "recompiles_after_first_call": compiles.count,
+        "ratios": {
+            "update_vs_device_put": statistics.median(update) / statistics.median(put),
+            "lora_vs_full_update": statistics.median(lora_update) / statistics.median(update),
+        },
+        "recompiles_after_first_call": full_compiles + lora_compiles,
     }
