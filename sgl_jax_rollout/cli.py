@@ -1,8 +1,9 @@
 """The `sgl-jax-rollout` command line.
 
 Owns argument parsing and dispatch only: each subcommand calls one library function.
-Subcommands: `demo` (the main job; it runs `tunix_adapter.demo`, the one place this package
-reaches the trainer side, imported only when the subcommand runs), `make-tiny-model DIR`,
+Subcommands: `demo` (the main job, `tunix_adapter.demo`), `compare` and `check --model-path
+DIR` (the pre-flight, `tunix_adapter.check`): these reach the trainer side, imported only when
+the subcommand runs; `make-tiny-model DIR [--arch A | --like NAME]`,
 `bench sampler|rollout|weights [--json]`.
 """
 
@@ -17,8 +18,46 @@ import sys
 def _make_tiny_model(args: argparse.Namespace) -> int:
     from sgl_jax_rollout.tiny_model import make_tiny_model
 
-    path = make_tiny_model(args.dir, arch=args.arch, seed=args.seed, vocab_size=args.vocab_size)
-    print(f"tiny {args.arch} model written to {path}")
+    path = make_tiny_model(
+        args.dir,
+        arch=args.arch,
+        seed=args.seed,
+        vocab_size=args.vocab_size,
+        like=args.like,
+        dtype=args.dtype,
+    )
+    if args.like:
+        print(f"tiny model like {args.like} written to {path}")
+    else:
+        print(f"tiny {args.arch or 'qwen3'} model written to {path}")
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    from sgl_jax_rollout.engine.availability import require_sgl_jax
+
+    try:
+        require_sgl_jax()
+    except ImportError as err:
+        print(f"sgl-jax-rollout: {err}", file=sys.stderr)
+        return 2
+    from tunix_adapter import check
+
+    config = check.CheckConfig(
+        model_path=args.model_path,
+        preset=args.preset,
+        lora_rank=args.lora_rank,
+        prompts=args.prompts,
+        prompt_tokens=args.prompt_tokens,
+        max_tokens=args.max_tokens,
+    )
+    rows = check.run(config)
+    print(check.table(rows))
+    failed = [row.check for row in rows if not row.ok]
+    if failed:
+        print(f"check: {len(failed)} of {len(rows)} checks FAILED", file=sys.stderr)
+        return 1
+    print(f"check: all {len(rows)} checks passed for {args.model_path}")
     return 0
 
 
@@ -75,6 +114,8 @@ def _demo(args: argparse.Namespace) -> int:
         seed=args.seed,
         tis_cap=args.tis_cap,
         preset=args.preset,
+        lora_rank=args.lora_rank,
+        lora_alpha=args.lora_alpha,
     )
     history = run(config)
     first, last = history[0]["reward_mean"], history[-1]["reward_mean"]
@@ -113,7 +154,12 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from sgl_jax_rollout.tiny_model.builder import ARCHITECTURES, DEFAULT_VOCAB
+    from sgl_jax_rollout.tiny_model.builder import (
+        ARCHITECTURES,
+        DEFAULT_VOCAB,
+        DTYPES,
+        LIKE_PRESETS,
+    )
 
     parser = argparse.ArgumentParser(
         prog="sgl-jax-rollout",
@@ -149,7 +195,38 @@ def build_parser() -> argparse.ArgumentParser:
         help="slice preset from tpu_configs (cpu-debug, v5e-1, v5e-4, v5e-8, v5p-8, v6e-8, "
         "v5p-64): meshes and engine settings; its device count must match this machine",
     )
+    demo.add_argument(
+        "--lora-rank",
+        type=int,
+        default=0,
+        help="train qwix LoRA adapters of this rank on the actor (default 0: full weights); "
+        "the engine serves the merged weights",
+    )
+    demo.add_argument(
+        "--lora-alpha", type=float, default=16.0, help="LoRA alpha (scaling alpha/rank)"
+    )
     demo.set_defaults(func=_demo)
+
+    chk = sub.add_parser(
+        "check",
+        help="pre-flight: trainer and engine agree on this checkpoint (run before a TPU-day)",
+        description="Loads the trainer model (tunix) and the engine on the same weights; checks "
+        "greedy tokens against the trainer's argmax and processed logprobs at T 1 and 0.7 on "
+        "long prompts, one weight sync from perturbed weights (or LoRA adapters), and "
+        "stop / EOS / pad alignment. Prints one table; exits 1 when any check fails.",
+    )
+    chk.add_argument("--model-path", required=True, help="HF checkpoint directory")
+    chk.add_argument("--preset", default=None, help="slice preset from tpu_configs")
+    chk.add_argument("--lora-rank", type=int, default=0, help="check a LoRA actor of this rank")
+    chk.add_argument("--prompts", type=int, default=2, help="prompts per check (>= 1)")
+    chk.add_argument(
+        "--prompt-tokens",
+        type=int,
+        default=1024,
+        help="prompt length in tokens: completions sit past this position (RoPE shows there)",
+    )
+    chk.add_argument("--max-tokens", type=int, default=32, help="tokens generated per prompt")
+    chk.set_defaults(func=_check)
 
     comp = sub.add_parser(
         "compare",
@@ -170,10 +247,25 @@ def build_parser() -> argparse.ArgumentParser:
         "make-tiny-model",
         help="write the built-in tiny model (offline, deterministic)",
         description="Write config, random weights, generation config and a trained "
-        "byte-level BPE tokenizer to DIR. The same seed gives the same bytes.",
+        "byte-level BPE tokenizer to DIR. The same seed gives the same bytes. With --like, "
+        "the config keys and features (RoPE, tied embeddings, dtype, generation defaults) "
+        "are those of a real checkpoint, at the tiny sizes.",
     )
     tiny.add_argument("dir", help="output directory (created if missing)")
-    tiny.add_argument("--arch", choices=sorted(ARCHITECTURES), default="qwen3")
+    tiny.add_argument("--arch", choices=sorted(ARCHITECTURES), default=None, help="default: qwen3")
+    tiny.add_argument(
+        "--like",
+        metavar="NAME",
+        default=None,
+        help=f"copy a real checkpoint's config features: {', '.join(LIKE_PRESETS)} "
+        "(sets the architecture; not with --arch)",
+    )
+    tiny.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        default=None,
+        help="weights and torch_dtype (default: the --like checkpoint's, else float32)",
+    )
     tiny.add_argument("--seed", type=int, default=0)
     tiny.add_argument(
         "--vocab-size", type=int, default=DEFAULT_VOCAB, help="tokenizer and model vocabulary"
@@ -208,6 +300,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--steps must be >= 20, got {args.steps}")
     if args.command == "bench" and args.runs < 5:
         parser.error(f"--runs must be >= 5, got {args.runs}")
+    if args.command == "make-tiny-model" and args.arch and args.like:
+        parser.error("--arch and --like exclude each other (--like sets the architecture)")
     try:
         return args.func(args)
     except ValueError as err:

@@ -210,7 +210,7 @@ def _greedy(config: CompareConfig, ours, other, prompts: list[str]) -> dict[str,
     pad = ours.pad_id()
     a = _generate(ours, prompts, _config(config, None), greedy=True)
     b = _generate(other, prompts, _config(config, None), greedy=True)
-    cut = [[row[: _before_pad(row, pad) + 1] for row in _tokens(x)] for x in (a, b)]
+    cut = [[row[: before_pad(row, pad) + 1] for row in _tokens(x)] for x in (a, b)]
     return {**stats.greedy_agreement(*cut), "compared_through": "the first pad id, inclusive"}
 
 
@@ -219,34 +219,45 @@ def _tokens(out) -> list[list[int]]:
 
 
 def _fidelity(config: CompareConfig, rollout, trainer, prompts, temperature: float) -> dict:
-    """Processed logprobs of the rollout's own samples vs tunix's trainer recomputation, up to
-    each sample's first pad id (tunix's trainer reads a pad as padding)."""
-    from flax import nnx
-    from tunix.rl.common import compute_per_token_logps
+    return trainer_fidelity(rollout, trainer, prompts, _config(config, temperature))
 
-    out = rollout.generate(prompts, _config(config, temperature))
-    pad = rollout.pad_id()
-    completions = right_pad_ids(out.tokens, max(1, max(len(t) for t in out.tokens)), pad)
-    graphdef, state = nnx.split(trainer)
-    reference = np.asarray(
-        compute_per_token_logps(
-            graphdef,
-            state,
-            np.asarray(out.left_padded_prompt_tokens),
-            completions,
-            pad_id=pad,
-            eos_id=rollout.eos_id(),
-            temperature=temperature,
-        )
-    )
-    kept = [_before_pad(row, pad) for row in out.tokens]
+
+def trainer_fidelity(rollout, trainer, prompts, rollout_config) -> dict:
+    """Processed logprobs of the rollout's own samples vs tunix's trainer recomputation at the
+    config's temperature, up to each sample's first pad id (tunix's trainer reads a pad as
+    padding)."""
+    out = rollout.generate(prompts, rollout_config)
+    reference, _ = trainer_scores(rollout, trainer, out, rollout_config.temperature)
+    kept = [before_pad(row, rollout.pad_id()) for row in out.tokens]
     return stats.logprob_fidelity(
         [np.asarray(lp)[:k] for lp, k in zip(out.logprobs, kept, strict=True)],
         [reference[i, :k] for i, k in enumerate(kept)],
     )
 
 
-def _before_pad(tokens, pad: int) -> int:
+def trainer_scores(rollout, trainer, out, temperature: float) -> tuple[np.ndarray, np.ndarray]:
+    """tunix's trainer-side logprobs `[B, L]` of a rollout output's completions at
+    `temperature`, and the trainer's logits `[B, L, V]` at those positions."""
+    from flax import nnx
+    from tunix.rl.common import compute_per_token_logps
+
+    pad = rollout.pad_id()
+    completions = right_pad_ids(out.tokens, max(1, max(len(t) for t in out.tokens)), pad)
+    graphdef, state = nnx.split(trainer)
+    logps, logits = compute_per_token_logps(
+        graphdef,
+        state,
+        np.asarray(out.left_padded_prompt_tokens),
+        completions,
+        pad_id=pad,
+        eos_id=rollout.eos_id(),
+        temperature=temperature,
+        return_logits=True,
+    )
+    return np.asarray(logps), np.asarray(logits)
+
+
+def before_pad(tokens, pad: int) -> int:
     hits = np.flatnonzero(np.asarray(tokens) == pad)
     return int(hits[0]) if hits.size else len(tokens)
 

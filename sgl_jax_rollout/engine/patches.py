@@ -22,15 +22,23 @@ name or signature it relies on changes. The engine must run with overlap schedul
 - `idle_wait_and_stop`: wraps `Scheduler.on_idle`: a fully idle scheduler runs the engine's
   `IdleWork` (weight swap, cache flush), then waits on its sockets and on the work pipe
   (upstream spins a core at 100%), and exits its thread when the engine is shut down.
+- `scheduler_faulthandler`: the `faulthandler` that `managers.scheduler` calls at the start of
+  its thread (`scheduler_loop_after_create`, `scheduler.py:3027`, outside its try) enables on
+  the process's real stderr where `sys.stderr` has no file descriptor (Jupyter, pytest's
+  capture). Upstream's bare `faulthandler.enable()` raises `io.UnsupportedOperation` there,
+  the scheduler thread dies before its loop, and every call then waits for a step that never
+  comes.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import faulthandler
 import functools
 import hashlib
 import inspect
 import logging
+import sys
 import threading
 from typing import Any
 
@@ -138,6 +146,10 @@ def check_upstream() -> None:
     problems = []
     if not hasattr(model_runner, "Sampler"):
         problems.append("model_runner.Sampler is gone")
+    from sgl_jax.srt.managers import scheduler
+
+    if not hasattr(scheduler, "faulthandler"):
+        problems.append("managers.scheduler no longer uses faulthandler")
     for name, params in _UPSTREAM.items():
         owner, attr = name.split(".")
         fn = getattr(objects[owner], attr, None)
@@ -172,6 +184,10 @@ def apply() -> None:
 
         objects = _upstream_objects()
         model_runner.Sampler = RolloutSampler
+        from sgl_jax.srt.managers import scheduler
+
+        if not isinstance(scheduler.faulthandler, _SchedulerFaultHandler):
+            scheduler.faulthandler = _SchedulerFaultHandler()
         _wrap(objects["ScheduleBatch"], "get_model_worker_batch", _worker_batch_rows)
         _wrap_classmethod(
             objects["SamplingMetadata"], "from_model_worker_batch", _sampling_metadata_rows
@@ -209,6 +225,23 @@ def _wrap_classmethod(owner: type, name: str, wrapper) -> None:
 
 
 # Patch bodies.
+class _SchedulerFaultHandler:
+    """scheduler_faulthandler: `faulthandler`, with `enable()` falling back to the process's
+    real stderr where `sys.stderr` has no file descriptor."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(faulthandler, name)
+
+    def enable(self, file: Any = None, all_threads: bool = True) -> None:
+        if file is None:
+            try:
+                sys.stderr.fileno()
+                file = sys.stderr
+            except (AttributeError, OSError, ValueError):
+                file = sys.__stderr__
+        faulthandler.enable(file=file, all_threads=all_threads)
+
+
 def _worker_batch_rows(original, self, *args, **kwargs):
     """worker_batch_rows: attach (config, host rows) for this batch's requests."""
     mwb = original(self, *args, **kwargs)

@@ -3,8 +3,19 @@
 from sgl_jax_rollout.tiny_model.builder import (
     ARCHITECTURES,
     DEFAULT_VOCAB,
+    LIKE_PRESETS,
+    LikePreset,
     default_model_dir,
+    like_preset,
     make_tiny_model,
 )
 
-__all__ = ["ARCHITECTURES", "DEFAULT_VOCAB", "default_model_dir", "make_tiny_model"]
+__all__ = [
+    "ARCHITECTURES",
+    "DEFAULT_VOCAB",
+    "LIKE_PRESETS",
+    "LikePreset",
+    "default_model_dir",
+    "like_preset",
+    "make_tiny_model",
+]

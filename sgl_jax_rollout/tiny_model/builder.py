@@ -6,6 +6,10 @@ have varied, clearly non-uniform entropy, `generation_config.json`, and the toke
 (from `tokenizer.py`). The same seed gives the same bytes. The model's `vocab_size` equals the
 tokenizer's length, so no padded id exists.
 
+`make_tiny_model(dir, like=NAME)` writes the same tiny sizes and tokenizer with the config
+keys and features of a real checkpoint (`LIKE_PRESETS`): its architecture, RoPE theta and
+scaling, tied or untied embeddings, norm epsilon, dtype and generation defaults.
+
 Must not import tunix or sgl_jax: both read the directory through their own loaders.
 """
 
@@ -18,6 +22,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from safetensors.numpy import save_file
@@ -42,6 +47,7 @@ ARCHITECTURES = {
 }
 MIN_VOCAB = 300
 DEFAULT_VOCAB = 1024
+DTYPES = ("float32", "bfloat16")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,16 +65,136 @@ class TinyShape:
     lm_head_std: float = 0.3
 
 
+@dataclasses.dataclass(frozen=True)
+class LikePreset:
+    """The config features of a real checkpoint that a tiny model copies (not its sizes).
+
+    - config: config.json values of the checkpoint (RoPE, norm epsilon, tying, dtype, ...),
+      written over the tiny sizes.
+    - generation: generation_config.json sampling defaults of the checkpoint.
+    - eos_with_bos: generation_config's `eos_token_id` is `[eos, bos]` as Qwen's
+      `[<|im_end|>, <|endoftext|>]` (Qwen's pad id is its bos id too), else a single eos id
+      and no pad id, as Llama 3 base checkpoints ship.
+    - max_positions: a floor on max_position_embeddings above the tiny shape's (llama3 RoPE
+      scaling wants it above its original_max_position_embeddings, 8192, or HF warns).
+    """
+
+    arch: str
+    hf_repo: str
+    config: dict[str, Any]
+    generation: dict[str, Any]
+    eos_with_bos: bool
+    max_positions: int | None = None
+
+
+_QWEN_BASE = {"rms_norm_eps": 1e-06, "torch_dtype": "bfloat16"}
+_QWEN3_GENERATION = {"do_sample": True, "temperature": 0.6, "top_k": 20, "top_p": 0.95}
+_LLAMA_BASE = {"rms_norm_eps": 1e-05, "rope_theta": 500000.0, "torch_dtype": "bfloat16"}
+_LLAMA_GENERATION = {"do_sample": True, "temperature": 0.6, "top_p": 0.9}
+
+
+def _llama3_rope_scaling(factor: float) -> dict[str, Any]:
+    return {
+        "factor": factor,
+        "high_freq_factor": 4.0,
+        "low_freq_factor": 1.0,
+        "original_max_position_embeddings": 8192,
+        "rope_type": "llama3",
+    }
+
+
+LIKE_PRESETS: dict[str, LikePreset] = {
+    "qwen3-0.6b": LikePreset(
+        arch="qwen3",
+        hf_repo="Qwen/Qwen3-0.6B",
+        config={**_QWEN_BASE, "rope_theta": 1000000, "tie_word_embeddings": True},
+        generation=_QWEN3_GENERATION,
+        eos_with_bos=True,
+    ),
+    "qwen3-8b": LikePreset(
+        arch="qwen3",
+        hf_repo="Qwen/Qwen3-8B",
+        config={**_QWEN_BASE, "rope_theta": 1000000, "tie_word_embeddings": False},
+        generation=_QWEN3_GENERATION,
+        eos_with_bos=True,
+    ),
+    "qwen2.5-1.5b-instruct": LikePreset(
+        arch="qwen2",
+        hf_repo="Qwen/Qwen2.5-1.5B-Instruct",
+        config={**_QWEN_BASE, "rope_theta": 1000000.0, "tie_word_embeddings": True},
+        generation={
+            "do_sample": True,
+            "repetition_penalty": 1.1,
+            "temperature": 0.7,
+            "top_k": 20,
+            "top_p": 0.8,
+        },
+        eos_with_bos=True,
+    ),
+    "llama-3.1-8b": LikePreset(
+        arch="llama",
+        hf_repo="meta-llama/Llama-3.1-8B",
+        config={
+            **_LLAMA_BASE,
+            "rope_scaling": _llama3_rope_scaling(8.0),
+            "tie_word_embeddings": False,
+        },
+        generation=_LLAMA_GENERATION,
+        eos_with_bos=False,
+        max_positions=16384,
+    ),
+    "llama-3.2-1b": LikePreset(
+        arch="llama",
+        hf_repo="meta-llama/Llama-3.2-1B",
+        config={
+            **_LLAMA_BASE,
+            "rope_scaling": _llama3_rope_scaling(32.0),
+            "tie_word_embeddings": True,
+        },
+        generation=_LLAMA_GENERATION,
+        eos_with_bos=False,
+        max_positions=16384,
+    ),
+}
+
+
+def like_preset(name: str) -> LikePreset:
+    """The preset called `name`; ValueError naming the known ones otherwise."""
+    if name not in LIKE_PRESETS:
+        raise ValueError(f"like must be one of {sorted(LIKE_PRESETS)}, got {name!r}")
+    return LIKE_PRESETS[name]
+
+
 def make_tiny_model(
     out_dir: str | Path,
-    arch: str = "qwen3",
+    arch: str | None = None,
     seed: int = 0,
     vocab_size: int = DEFAULT_VOCAB,
     shape: TinyShape = TinyShape(),
+    like: str | None = None,
+    dtype: str | None = None,
 ) -> Path:
-    """Writes the model directory and returns its path. Overwrites our own files only."""
+    """Writes the model directory and returns its path. Overwrites our own files only.
+
+    `arch` (default qwen3) picks the architecture of the plain tiny model; `like` instead
+    copies a real checkpoint's config features (`LIKE_PRESETS`; the two exclude each other).
+    `dtype` (float32 or bfloat16) is the weights' and config's dtype: by default the preset's
+    (bfloat16), or float32 for the plain model.
+    """
+    preset = None
+    if like is not None:
+        if arch is not None:
+            raise ValueError(f"give arch or like, not both (got arch={arch!r}, like={like!r})")
+        preset = like_preset(like)
+        arch = preset.arch
+    elif arch is None:
+        arch = "qwen3"
     if arch not in ARCHITECTURES:
         raise ValueError(f"arch must be one of {sorted(ARCHITECTURES)}, got {arch!r}")
+    if dtype is None:
+        dtype = preset.config["torch_dtype"] if preset else "float32"
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {list(DTYPES)}, got {dtype!r}")
     if not isinstance(vocab_size, int) or vocab_size < MIN_VOCAB:
         raise ValueError(f"vocab_size must be an integer >= {MIN_VOCAB}, got {vocab_size!r}")
     if not isinstance(seed, int) or seed < 0:
@@ -81,11 +207,9 @@ def make_tiny_model(
     ids = {name: tokenizer.token_to_id(name) for name in (PAD, BOS, EOS, THINK_START, THINK_END)}
     _save_tokenizer(tokenizer, out)
 
-    config = _hf_config(arch, vocab, shape, ids)
-    _write_json(out / "config.json", config)
-    _write_json(
-        out / "generation_config.json",
-        {
+    if preset is None:
+        config = _hf_config(arch, vocab, shape, ids)
+        generation = {
             "bos_token_id": ids[BOS],
             "eos_token_id": [ids[EOS]],
             "pad_token_id": ids[PAD],
@@ -93,11 +217,29 @@ def make_tiny_model(
             "temperature": 1.0,
             "top_k": -1,
             "top_p": 1.0,
-        },
-    )
-    tensors = _random_weights(arch, vocab, shape, seed)
+        }
+    else:
+        config = _like_config(preset, vocab, shape, ids)
+        generation = _like_generation(preset, ids)
+    config["torch_dtype"] = dtype
+    _write_json(out / "config.json", config)
+    _write_json(out / "generation_config.json", generation)
+    tied = bool(config["tie_word_embeddings"])
+    tensors = _random_weights(arch, vocab, shape, seed, tied=tied)
+    if dtype == "bfloat16":
+        import ml_dtypes  # a jax dependency
+
+        tensors = {name: t.astype(ml_dtypes.bfloat16) for name, t in tensors.items()}
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-    log.info("tiny %s model (vocab %d, %d tensors) written to %s", arch, vocab, len(tensors), out)
+    log.info(
+        "tiny %s model%s (vocab %d, %d tensors, %s) written to %s",
+        arch,
+        f" like {like}" if like else "",
+        vocab,
+        len(tensors),
+        dtype,
+        out,
+    )
     return out
 
 
@@ -134,7 +276,62 @@ def _hf_config(arch: str, vocab: int, s: TinyShape, ids: dict[str, int]) -> dict
     return config
 
 
-def _random_weights(arch: str, vocab: int, s: TinyShape, seed: int) -> dict[str, np.ndarray]:
+def _like_config(preset: LikePreset, vocab: int, s: TinyShape, ids: dict[str, int]) -> dict:
+    """The key set of the real checkpoint's config.json, at the tiny sizes."""
+    architecture, model_type = ARCHITECTURES[preset.arch]
+    max_positions = max(preset.max_positions or 0, s.max_positions)
+    config: dict[str, Any] = {
+        "architectures": [architecture],
+        "model_type": model_type,
+        "vocab_size": vocab,
+        "hidden_size": s.hidden,
+        "intermediate_size": s.intermediate,
+        "num_hidden_layers": s.layers,
+        "num_attention_heads": s.heads,
+        "num_key_value_heads": s.kv_heads,
+        # Real Llama 3.1 8B and Qwen2.5 omit it (hidden / heads); the tiny shape differs.
+        "head_dim": s.head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": max_positions,
+        "initializer_range": 0.02,
+        "attention_dropout": 0.0,
+        "use_cache": True,
+        "bos_token_id": ids[BOS],
+        "eos_token_id": ids[EOS],
+    }
+    if preset.arch == "qwen3":  # q/k RMSNorm (tensors), no biases
+        config.update(
+            attention_bias=False,
+            rope_scaling=None,
+            sliding_window=None,
+            use_sliding_window=False,
+            max_window_layers=s.layers,
+        )
+    if preset.arch == "qwen2":  # q/k/v biases (tensors; Qwen2 has no attention_bias key)
+        config.update(
+            sliding_window=max_positions, use_sliding_window=False, max_window_layers=s.layers
+        )
+    if preset.arch == "llama":
+        config.update(attention_bias=False, mlp_bias=False, pretraining_tp=1)
+    config.update(json.loads(json.dumps(preset.config)))  # a deep copy
+    return config
+
+
+def _like_generation(preset: LikePreset, ids: dict[str, int]) -> dict:
+    generation: dict[str, Any] = {"bos_token_id": ids[BOS]}
+    if preset.eos_with_bos:
+        generation.update(eos_token_id=[ids[EOS], ids[BOS]], pad_token_id=ids[PAD])
+    else:
+        generation["eos_token_id"] = ids[EOS]
+    generation.update(preset.generation)
+    return generation
+
+
+def _random_weights(
+    arch: str, vocab: int, s: TinyShape, seed: int, tied: bool = False
+) -> dict[str, np.ndarray]:
+    """Seeded weights. Tied: no lm_head tensor, and the embedding takes the output
+    projection's std (the logits are the final hidden states times the embedding)."""
     rng = np.random.default_rng(seed)
 
     def normal(*shape: int, std: float) -> np.ndarray:
@@ -144,7 +341,8 @@ def _random_weights(arch: str, vocab: int, s: TinyShape, seed: int) -> dict[str,
         return (1.0 + rng.standard_normal(size) * 0.1).astype(np.float32)
 
     q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim
-    tensors = {"model.embed_tokens.weight": normal(vocab, s.hidden, std=1.0)}
+    embed_std = s.lm_head_std if tied else 1.0
+    tensors = {"model.embed_tokens.weight": normal(vocab, s.hidden, std=embed_std)}
     for i in range(s.layers):
         p = f"model.layers.{i}."
         tensors[p + "input_layernorm.weight"] = norm_weight(s.hidden)
@@ -166,7 +364,8 @@ def _random_weights(arch: str, vocab: int, s: TinyShape, seed: int) -> dict[str,
             s.hidden, s.intermediate, std=s.intermediate**-0.5
         )
     tensors["model.norm.weight"] = norm_weight(s.hidden)
-    tensors["lm_head.weight"] = normal(vocab, s.hidden, std=s.lm_head_std)
+    if not tied:
+        tensors["lm_head.weight"] = normal(vocab, s.hidden, std=s.lm_head_std)
     return tensors
 
 

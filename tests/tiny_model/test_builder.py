@@ -144,3 +144,247 @@ def test_next_token_entropy_is_far_from_uniform(qwen3_dir, tunix_qwen3):
     ratio = entropy.mean() / np.log(logits.shape[-1])
     assert 0.2 <= ratio <= 0.8, f"mean entropy is {ratio:.2%} of log V"
     assert entropy.std() > 0.1, "entropy should vary across positions"
+
+
+# --- make_tiny_model(like=NAME): a real checkpoint's config features at the tiny sizes ---
+
+# Written from the checkpoints' own config.json / generation_config.json, not from the builder.
+LLAMA3_ROPE = {
+    "high_freq_factor": 4.0,
+    "low_freq_factor": 1.0,
+    "original_max_position_embeddings": 8192,
+    "rope_type": "llama3",
+}
+REAL = {
+    "qwen3-0.6b": (
+        {
+            "architectures": ["Qwen3ForCausalLM"],
+            "model_type": "qwen3",
+            "tie_word_embeddings": True,
+            "rope_theta": 1000000,
+            "rope_scaling": None,
+            "rms_norm_eps": 1e-6,
+            "attention_bias": False,
+            "use_sliding_window": False,
+        },
+        {"temperature": 0.6, "top_k": 20, "top_p": 0.95, "do_sample": True},
+    ),
+    "qwen3-8b": (
+        {
+            "architectures": ["Qwen3ForCausalLM"],
+            "model_type": "qwen3",
+            "tie_word_embeddings": False,
+            "rope_theta": 1000000,
+            "rope_scaling": None,
+            "rms_norm_eps": 1e-6,
+            "attention_bias": False,
+            "use_sliding_window": False,
+        },
+        {"temperature": 0.6, "top_k": 20, "top_p": 0.95, "do_sample": True},
+    ),
+    "qwen2.5-1.5b-instruct": (
+        {
+            "architectures": ["Qwen2ForCausalLM"],
+            "model_type": "qwen2",
+            "tie_word_embeddings": True,
+            "rope_theta": 1000000.0,
+            "rms_norm_eps": 1e-6,
+            "use_sliding_window": False,
+        },
+        {
+            "do_sample": True,
+            "repetition_penalty": 1.1,
+            "temperature": 0.7,
+            "top_p": 0.8,
+            "top_k": 20,
+        },
+    ),
+    "llama-3.1-8b": (
+        {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "tie_word_embeddings": False,
+            "rope_theta": 500000.0,
+            "rope_scaling": {"factor": 8.0, **LLAMA3_ROPE},
+            "rms_norm_eps": 1e-5,
+            "attention_bias": False,
+            "mlp_bias": False,
+        },
+        {"temperature": 0.6, "top_p": 0.9, "do_sample": True},
+    ),
+    "llama-3.2-1b": (
+        {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "tie_word_embeddings": True,
+            "rope_theta": 500000.0,
+            "rope_scaling": {"factor": 32.0, **LLAMA3_ROPE},
+            "rms_norm_eps": 1e-5,
+            "attention_bias": False,
+            "mlp_bias": False,
+        },
+        {"temperature": 0.6, "top_p": 0.9, "do_sample": True},
+    ),
+}
+TINY_SIZES = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 128,
+    "vocab_size": 1024,
+    "hidden_act": "silu",
+    "torch_dtype": "bfloat16",
+}
+
+
+@pytest.fixture(scope="module")
+def like_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("like")
+    return {name: make_tiny_model(root / name, like=name) for name in REAL}
+
+
+def _safetensors_dtypes(path) -> set[str]:
+    raw = path.read_bytes()
+    header = json.loads(raw[8 : 8 + int.from_bytes(raw[:8], "little")])
+    return {v["dtype"] for k, v in header.items() if k != "__metadata__"}
+
+
+def test_presets_are_exported():
+    from sgl_jax_rollout.tiny_model import LIKE_PRESETS
+
+    assert sorted(REAL) == sorted(LIKE_PRESETS)
+
+
+@pytest.mark.parametrize("name", sorted(REAL))
+def test_like_config_generation_config_and_tensors(name, like_dirs):
+    directory = like_dirs[name]
+    want_config, want_generation = REAL[name]
+    config = json.loads((directory / "config.json").read_text())
+    for key, value in {**want_config, **TINY_SIZES}.items():
+        assert key in config, key
+        assert config[key] == value and type(config[key]) is type(value), key
+    assert config["max_position_embeddings"] >= 2048
+    if config.get("rope_scaling"):  # HF warns unless the original length is below the max
+        original = config["rope_scaling"]["original_max_position_embeddings"]
+        assert config["max_position_embeddings"] > original
+    generation = json.loads((directory / "generation_config.json").read_text())
+    for key, value in want_generation.items():
+        assert generation[key] == value, key
+
+    tensors = load_file(str(directory / "model.safetensors"))
+    assert ("lm_head.weight" in tensors) == (not config["tie_word_embeddings"])
+    assert ("model.layers.0.self_attn.q_proj.bias" in tensors) == (config["model_type"] == "qwen2")
+    assert ("model.layers.1.self_attn.k_norm.weight" in tensors) == (
+        config["model_type"] == "qwen3"
+    )
+    assert _safetensors_dtypes(directory / "model.safetensors") == {"BF16"}
+
+
+@pytest.mark.parametrize("name", sorted(REAL))
+def test_like_special_ids_match_the_tokenizer(name, like_dirs):
+    from transformers import AutoTokenizer
+
+    directory = like_dirs[name]
+    tok = AutoTokenizer.from_pretrained(str(directory))
+    config = json.loads((directory / "config.json").read_text())
+    generation = json.loads((directory / "generation_config.json").read_text())
+    assert len(tok) == config["vocab_size"]
+    assert config["bos_token_id"] == tok.bos_token_id == generation["bos_token_id"]
+    assert config["eos_token_id"] == tok.eos_token_id
+    eos = generation["eos_token_id"]
+    if name.startswith("qwen"):  # Qwen ships [<|im_end|>, <|endoftext|>] and a pad id
+        assert eos == [tok.eos_token_id, tok.bos_token_id]
+        assert generation["pad_token_id"] == tok.pad_token_id
+    else:  # Llama 3 base ships one eos id and no pad id
+        assert eos == tok.eos_token_id and "pad_token_id" not in generation
+
+
+@pytest.mark.parametrize("name", sorted(REAL))
+def test_like_same_seed_same_bytes(name, like_dirs, tmp_path):
+    again = make_tiny_model(tmp_path / "again", like=name, seed=0)
+    assert _digest(again) == _digest(like_dirs[name])
+    other = make_tiny_model(tmp_path / "other", like=name, seed=1)
+    assert _digest(other)["model.safetensors"] != _digest(again)["model.safetensors"]
+
+
+def test_like_dtype_override(tmp_path):
+    directory = make_tiny_model(tmp_path / "f32", like="llama-3.2-1b", dtype="float32")
+    assert json.loads((directory / "config.json").read_text())["torch_dtype"] == "float32"
+    assert _safetensors_dtypes(directory / "model.safetensors") == {"F32"}
+    with pytest.raises(ValueError, match="dtype"):
+        make_tiny_model(tmp_path / "bad", like="llama-3.2-1b", dtype="float16")
+
+
+def test_like_unknown_name_and_arch_with_like_raise(tmp_path):
+    with pytest.raises(ValueError, match="qwen3-0.6b") as err:
+        make_tiny_model(tmp_path / "x", like="qwen9-1t")
+    for name in REAL:
+        assert name in str(err.value)
+    with pytest.raises(ValueError, match="not both"):
+        make_tiny_model(tmp_path / "y", arch="qwen3", like="qwen3-0.6b")
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+
+
+def test_plain_model_bytes_are_pinned(qwen3_dir):
+    """The plain model (no `like`) is unchanged: json and weights byte for byte."""
+    digest = _digest(qwen3_dir)
+    assert digest["config.json"].startswith("cf04d996c24a0789")
+    assert digest["generation_config.json"].startswith("54d09a44e398e98f")
+    assert digest["model.safetensors"].startswith("9607ea64c620da2e")
+
+
+def test_cli_make_tiny_model_like(tmp_path, capsys):
+    from sgl_jax_rollout.cli import main
+
+    assert main(["make-tiny-model", str(tmp_path / "l"), "--like", "llama-3.2-1b"]) == 0
+    config = json.loads((tmp_path / "l" / "config.json").read_text())
+    assert config["rope_scaling"]["factor"] == 32.0 and config["tie_word_embeddings"] is True
+    assert "llama-3.2-1b" in capsys.readouterr().out
+    assert main(["make-tiny-model", str(tmp_path / "u"), "--like", "nope"]) == 2
+    assert "qwen3-0.6b" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        main(["make-tiny-model", str(tmp_path / "b"), "--arch", "qwen3", "--like", "qwen3-8b"])
+    assert exit_.value.code == 2
+
+
+@pytest.mark.parametrize("name", sorted(REAL))
+def test_tunix_loads_like_presets_with_non_uniform_next_tokens(name, like_dirs):
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+    from transformers import AutoTokenizer
+    from tunix.rl import common
+
+    from tunix_adapter.models import load_tunix_model
+
+    directory = like_dirs[name]
+    try:
+        model = load_tunix_model(directory)
+    except ValueError as err:
+        if "rope_scaling" in str(err):
+            pytest.skip(f"tunix_adapter does not take this rope_scaling yet: {err}")
+        raise
+    leaves = {".".join(map(str, p)) for p, _ in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+    tied = json.loads((directory / "config.json").read_text())["tie_word_embeddings"]
+    assert ("lm_head.w" in leaves) == (not tied)
+
+    tok = AutoTokenizer.from_pretrained(str(directory))
+    encoded = [tok.encode(p, add_special_tokens=False) for p in PROMPTS]
+    width = max(map(len, encoded))
+    tokens = np.full((len(encoded), width), tok.pad_token_id, np.int32)
+    for i, ids in enumerate(encoded):
+        tokens[i, width - len(ids) :] = ids
+    mask = jnp.asarray(tokens != tok.pad_token_id)
+    logits, _ = model(
+        jnp.asarray(tokens),
+        common.build_positions_from_mask(mask),
+        None,
+        common.make_causal_attn_mask(mask),
+    )
+    logp = np.asarray(jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1), np.float64)
+    entropy = -(np.exp(logp) * logp).sum(-1)[np.asarray(mask)]
+    ratio = entropy.mean() / np.log(logits.shape[-1])
+    assert 0.2 <= ratio <= 0.8, f"mean entropy is {ratio:.2%} of log V"
+    assert entropy.std() > 0.1, "entropy should vary across positions"

@@ -1,0 +1,41 @@
+"""`sgl-jax-rollout check` on the built-in model (engine-marked; its own engine, run before the
+session rollout of tests/test_rollout.py starts).
+
+The pre-flight passes where trainer and engine agree, and fails, naming the rows, where they
+do not: the same engine with weights the trainer does not have. The engine starts under
+pytest's capture (`capsys`: a `sys.stderr` without a file descriptor, as in Jupyter), which
+the `scheduler_faulthandler` patch makes survivable.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.engine
+
+
+def test_check_passes_on_agreeing_weights_and_fails_rows_on_diverged_ones(tiny_dir, capsys):
+    from flax import nnx
+
+    from sgl_jax_rollout import cli
+    from tunix_adapter import check
+
+    assert cli.main(["check", "--model-path", str(tiny_dir), "--max-tokens", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "after update_params (perturbed weights)" in out and "FAIL" not in out
+
+    config = check.CheckConfig(model_path=str(tiny_dir), prompt_tokens=1024, max_tokens=16)
+    trainer, rollout, _ = check._build(config)
+    try:
+        # The engine serves other weights than the trainer holds: what a missed sync looks like.
+        state = nnx.state(trainer, nnx.Param)
+        rollout.update_params(check.perturbed(state, scale=0.05, seed=7))
+        rows = {row.check: row for row in check.verdicts(config, rollout, trainer)}
+    finally:
+        rollout.shutdown()
+    failed = {name for name, row in rows.items() if not row.ok}
+    assert "logprob |diff| vs trainer, T=1.0" in failed
+    assert "logprob |diff| vs trainer, T=0.7" in failed
+    # The check's own sync realigns the two, so that row passes again.
+    assert "after update_params (perturbed weights), T=1.0" not in failed
+    assert rows["logprob |diff| vs trainer, T=1.0"].value > 1e-2

@@ -1,0 +1,269 @@
+"""`sgl-jax-rollout check`: the pre-flight to run before spending a TPU-day on a checkpoint.
+
+Owns `CheckConfig`, `run` and `verdicts`. Loads the trainer model (tunix, as training will) and
+the engine on the same weights, then checks, on prompts long enough that positions pass
+`prompt_tokens` (RoPE differences grow with position):
+
+1. greedy: the engine's greedy tokens are the trainer's argmax at every position;
+2. logprob fidelity at temperature 1 and 0.7: the engine's processed logprobs of its own
+   samples against tunix's trainer-side `compute_per_token_logps`;
+3. weight sync: after `update_params` with perturbed trainer weights (or perturbed LoRA
+   adapters, as tunix syncs them), fidelity at temperature 1 again;
+4. alignment: one logprob and one entropy per token, a stop (EOS) token only at the end,
+   no pad id inside a completion, and pad id != EOS id.
+
+Each check gives one row with the measured value, its limit and a verdict; any failed row makes
+the command exit non-zero. The float32 tolerance is 1e-4; a bfloat16 engine gets 0.1 (its
+rounding, not a bug, dominates there: see the README's family table).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+F32_TOLERANCE = 1e-4
+BF16_TOLERANCE = 0.1
+SENTENCE = "the quick brown fox jumps over the lazy dog while we check every number. "
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckConfig:
+    model_path: str
+    preset: str | None = None
+    lora_rank: int = 0
+    prompts: int = 2
+    prompt_tokens: int = 1024  # prompt length: the completions' positions start past it
+    max_tokens: int = 32
+    seed: int = 0
+    engine_settings: Any = None  # overrides (a mapping of EngineSettings fields)
+
+    def __post_init__(self) -> None:
+        for name in ("prompts", "prompt_tokens", "max_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.lora_rank < 0:
+            raise ValueError(f"lora_rank must be >= 0 (0: no LoRA), got {self.lora_rank}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    check: str
+    value: float
+    limit: str
+    ok: bool
+
+    def row(self) -> str:
+        return (
+            f"{self.check:<54} {self.value:>10.3g}  {self.limit:<10} {'ok' if self.ok else 'FAIL'}"
+        )
+
+
+def run(config: CheckConfig) -> list[Verdict]:
+    """Builds trainer and engine for `config.model_path`, runs every check, shuts down."""
+    trainer, rollout, lora = _build(config)
+    try:
+        return verdicts(config, rollout, trainer, lora)
+    finally:
+        rollout.shutdown()
+
+
+def verdicts(config: CheckConfig, rollout, trainer, lora: dict | None = None) -> list[Verdict]:
+    """Every check on an existing rollout and trainer model (`run` builds both). With `lora`,
+    the trainer carries qwix adapters and the sync check sends only those, as tunix does."""
+    from flax import nnx
+
+    from tunix_adapter.compare import before_pad, trainer_scores
+
+    tolerance = BF16_TOLERANCE if _engine_dtype(rollout) == "bfloat16" else F32_TOLERANCE
+    limit = f"<= {tolerance:g}"
+    prompts = _long_prompts(rollout.engine.tokenizer, config.prompts, config.prompt_tokens)
+    pad = rollout.pad_id()
+    outputs = []
+
+    def fidelity(temperature: float) -> float:
+        out = rollout.generate(prompts, _rollout_config(config, temperature))
+        outputs.append(out)
+        reference, _ = trainer_scores(rollout, trainer, out, temperature)
+        return max(
+            float(np.abs(np.asarray(lp)[:k] - reference[i, :k]).max(initial=0.0))
+            for i, (lp, k) in enumerate(
+                (lp, before_pad(t, pad)) for lp, t in zip(out.logprobs, out.tokens, strict=True)
+            )
+        )
+
+    greedy = rollout.generate(prompts, _rollout_config(config, 1.0), temperature=0.0)
+    outputs.append(greedy)
+    _, logits = trainer_scores(rollout, trainer, greedy, 1.0)
+    argmax = logits.argmax(-1)
+    pairs = [
+        (np.asarray(t)[:k], argmax[i, :k])
+        for i, (t, k) in enumerate((t, before_pad(t, pad)) for t in greedy.tokens)
+    ]
+    share = float(np.mean(np.concatenate([a == b for a, b in pairs])))
+    need = 1.0 if tolerance == F32_TOLERANCE else 0.9
+    rows = [
+        Verdict(
+            f"greedy tokens = trainer argmax (share, from {config.prompt_tokens})",
+            share,
+            f">= {need:g}",
+            share >= need,
+        )
+    ]
+    for temperature in (1.0, 0.7):
+        diff = fidelity(temperature)
+        rows.append(
+            Verdict(f"logprob |diff| vs trainer, T={temperature}", diff, limit, diff <= tolerance)
+        )
+
+    kind = nnx.LoRAParam if lora else nnx.Param
+    state = nnx.state(trainer, kind)
+    nnx.update(trainer, perturbed(state, scale=0.05, seed=config.seed + 1))
+    rollout.update_params(nnx.state(trainer, kind), (kind,))
+    diff = fidelity(1.0)
+    what = "LoRA adapters" if lora else "weights"
+    rows.append(
+        Verdict(f"after update_params (perturbed {what}), T=1.0", diff, limit, diff <= tolerance)
+    )
+
+    eos = rollout.eos_id()
+    misaligned = sum(
+        not (len(t) == len(lp) == len(h))
+        for out in outputs
+        for t, lp, h in zip(out.tokens, out.logprobs or [], out.entropy or [], strict=True)
+    )
+    early_stops = sum(
+        bool(np.isin(np.asarray(t)[:-1], [eos, pad]).any()) for out in outputs for t in out.tokens
+    )
+    rows += [
+        Verdict(
+            "completions with len(logprobs|entropy) != tokens", misaligned, "== 0", not misaligned
+        ),
+        Verdict("completions with EOS / pad before the end", early_stops, "== 0", not early_stops),
+        Verdict("pad id == EOS id (trainer would mask EOS)", float(pad == eos), "== 0", pad != eos),
+    ]
+    return rows
+
+
+def perturbed(state: Any, scale: float, seed: int) -> Any:
+    """`state` plus seeded normal noise of `scale` times each leaf's standard deviation (at
+    least `scale` for constant leaves such as norms and zero-initialised LoRA factors)."""
+    import jax
+
+    leaves, treedef = jax.tree_util.tree_flatten(state)
+    keys = jax.random.split(jax.random.PRNGKey(seed), len(leaves))
+    noisy = []
+    for x, key in zip(leaves, keys, strict=True):
+        sigma = x.std()
+        sigma = jax.numpy.where(sigma > 0, sigma, 1.0)
+        noisy.append(x + (scale * sigma * jax.random.normal(key, x.shape)).astype(x.dtype))
+    return jax.tree_util.tree_unflatten(treedef, noisy)
+
+
+def table(rows: list[Verdict]) -> str:
+    header = f"{'check':<54} {'value':>10}  {'limit':<10} verdict"
+    return "\n".join([header, *(r.row() for r in rows)])
+
+
+def _build(config: CheckConfig):
+    """(trainer, rollout, lora spec or None) on the preset's meshes, or one device."""
+    import jax
+    from flax import nnx
+
+    from sgl_jax_rollout.engine.settings import EngineSettings
+    from sgl_jax_rollout.rollout import SglangJaxRollout
+    from tunix_adapter.cluster import lora_scaling, with_lora
+    from tunix_adapter.models import load_tunix_model
+
+    model_path = _model_dir(config)
+    context, prefill, batch = _room(config)
+    rollout_mesh = None
+    if config.preset:
+        import tpu_configs
+
+        preset = tpu_configs.load(config.preset)
+        preset.check_devices()
+        preset.check_model(model_path)
+        mesh, rollout_mesh = preset.meshes()
+        settings = preset.engine_settings()
+        settings = settings.replace(context_length=max(settings.context_length, context))
+    else:
+        mesh = jax.make_mesh((1, 1), ("fsdp", "tp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+        settings = EngineSettings(
+            context_length=context,
+            max_prefill_tokens=prefill,
+            precompile_token_paddings=(prefill,),
+            max_running_requests=batch,
+            precompile_bs_paddings=(batch,),
+            max_total_tokens=4 * prefill,
+        )
+    settings = settings.replace(**dict(config.engine_settings or {}))
+    trainer = load_tunix_model(model_path, mesh)
+    lora = None
+    if config.lora_rank:
+        lora = {"rank": config.lora_rank, "alpha": 2.0 * config.lora_rank, "seed": config.seed}
+        trainer = with_lora(trainer, lora, mesh)
+        # Trained-looking adapters (B starts at zero, which would make any merge look right).
+        adapters = nnx.state(trainer, nnx.LoRAParam)
+        nnx.update(trainer, perturbed(adapters, scale=0.05, seed=config.seed))
+    rollout = SglangJaxRollout(
+        rollout_actor=trainer,
+        mesh=rollout_mesh,
+        model_path=model_path,
+        engine_settings=settings,
+        lora_scaling=lora_scaling(lora),
+    )
+    return trainer, rollout, lora
+
+
+def _room(config: CheckConfig) -> tuple[int, int, int]:
+    """(context length, prefill tokens, batch size), powers of two, that hold every prompt of
+    `prompt_tokens` and its completion, all prompts in one prefill."""
+    longest = config.prompt_tokens + 16 + config.max_tokens
+    return (
+        1 << (longest + 63).bit_length(),
+        1 << (config.prompts * longest - 1).bit_length(),
+        1 << (config.prompts - 1).bit_length(),
+    )
+
+
+def _rollout_config(config: CheckConfig, temperature: float):
+    from sgl_jax_rollout.tunix_compat import RolloutConfig
+
+    return RolloutConfig(
+        max_tokens_to_generate=config.max_tokens,
+        max_prompt_length=config.prompt_tokens + 16,
+        temperature=temperature,
+        top_p=1.0,
+        top_k=None,
+        seed=config.seed,
+        return_logprobs=True,
+    )
+
+
+def _engine_dtype(rollout) -> str:
+    import jax
+
+    leaves = jax.tree_util.tree_leaves(rollout.engine.engine_state())
+    return str(next(x.dtype for x in leaves if jax.numpy.issubdtype(x.dtype, jax.numpy.floating)))
+
+
+def _long_prompts(tokenizer, count: int, tokens: int) -> list[str]:
+    """`count` different prompts of about `tokens` tokens each (cut to `tokens + 16`)."""
+    per_sentence = len(tokenizer.encode(SENTENCE, add_special_tokens=False))
+    repeats = (tokens + count) // per_sentence + 2
+    ids = tokenizer.encode(SENTENCE * repeats, add_special_tokens=False)
+    return [tokenizer.decode(ids[i : i + tokens]) for i in range(count)]
+
+
+def _model_dir(config: CheckConfig) -> Path:
+    path = Path(config.model_path)
+    if not (path / "config.json").is_file():
+        raise ValueError(f"--model-path must be a model directory with config.json: {path}")
+    return path
