@@ -105,7 +105,9 @@ def program_memory(rollout, state):
     src_leaves, src_def = jax.tree_util.tree_flatten(state)
     moved = weights._on_engine_devices(src_leaves)
     dst = weights._runner.model_state_leaves
-    stats = weights._mapper.lower(src_def, moved, dst).compile().memory_analysis()
+    # The mapping program's arguments: tree, LoRA tree (none), leaves, LoRA leaves, scaling, dst.
+    program = weights._mapper.lower(src_def, None, moved, [], 0.0, dst)
+    stats = program.compile().memory_analysis()
     return {
         "temp_bytes": int(stats.temp_size_in_bytes),
         "output_bytes": int(stats.output_size_in_bytes),
