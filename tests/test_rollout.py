@@ -338,9 +338,26 @@ def test_patches_match_the_pinned_upstream_and_apply_once():
     from sgl_jax_rollout.engine import patches
 
     patches.check_upstream()
+    patches.apply()
     before = Scheduler.stream_output
     patches.apply()
     assert Scheduler.stream_output is before
+
+
+def test_every_engine_socket_has_linger_zero():
+    """Upstream's default LINGER (-1) lets a garbage-collected engine context block forever."""
+    import zmq
+
+    from sgl_jax_rollout.engine import patches
+
+    patches.apply()
+    context = zmq.Context()
+    try:
+        for module in patches._socket_modules():
+            socket = module.get_zmq_socket(context, zmq.PULL, f"inproc://{module.__name__}", True)
+            assert socket.getsockopt(zmq.LINGER) == 0, module.__name__
+    finally:
+        context.destroy(linger=0)
 
 
 def test_shutdown_stops_the_engine_and_spares_unrelated_children(rollout):

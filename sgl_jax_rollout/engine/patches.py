@@ -28,6 +28,12 @@ name or signature it relies on changes. The engine must run with overlap schedul
   capture). Upstream's bare `faulthandler.enable()` raises `io.UnsupportedOperation` there,
   the scheduler thread dies before its loop, and every call then waits for a step that never
   comes.
+- `sockets_linger_zero`: wraps `get_zmq_socket` where the engine's components import it
+  (`entrypoints.engine`, `managers.scheduler`, `managers.tokenizer_manager`,
+  `managers.detokenizer_manager`) so every engine socket has `LINGER` 0. Upstream leaves the
+  default (wait forever): when the garbage collector later finalises a shut-down engine's zmq
+  context while one of its sockets still holds an unsent message, `Context.term` blocks the
+  thread that happens to run the collection, forever (seen as a hung test run).
 """
 
 from __future__ import annotations
@@ -150,6 +156,9 @@ def check_upstream() -> None:
 
     if not hasattr(scheduler, "faulthandler"):
         problems.append("managers.scheduler no longer uses faulthandler")
+    for module in _socket_modules():
+        if not hasattr(module, "get_zmq_socket"):
+            problems.append(f"{module.__name__} no longer imports get_zmq_socket")
     for name, params in _UPSTREAM.items():
         owner, attr = name.split(".")
         fn = getattr(objects[owner], attr, None)
@@ -188,6 +197,8 @@ def apply() -> None:
 
         if not isinstance(scheduler.faulthandler, _SchedulerFaultHandler):
             scheduler.faulthandler = _SchedulerFaultHandler()
+        for module in _socket_modules():
+            _wrap(module, "get_zmq_socket", _linger_zero)
         _wrap(objects["ScheduleBatch"], "get_model_worker_batch", _worker_batch_rows)
         _wrap_classmethod(
             objects["SamplingMetadata"], "from_model_worker_batch", _sampling_metadata_rows
@@ -198,7 +209,14 @@ def apply() -> None:
         _wrap(objects["NativeAttention"], "__call__", per_rank_native_attention)
 
 
-def _wrap(owner: type, name: str, wrapper) -> None:
+def _socket_modules() -> list[Any]:
+    from sgl_jax.srt.entrypoints import engine
+    from sgl_jax.srt.managers import detokenizer_manager, scheduler, tokenizer_manager
+
+    return [engine, scheduler, tokenizer_manager, detokenizer_manager]
+
+
+def _wrap(owner: Any, name: str, wrapper) -> None:
     original = getattr(owner, name)
     if getattr(original, _MARK, False):
         return
@@ -225,6 +243,13 @@ def _wrap_classmethod(owner: type, name: str, wrapper) -> None:
 
 
 # Patch bodies.
+def _linger_zero(original, *args, **kwargs):
+    """sockets_linger_zero: the upstream socket, with LINGER 0."""
+    socket = original(*args, **kwargs)
+    socket.setsockopt(zmq.LINGER, 0)
+    return socket
+
+
 class _SchedulerFaultHandler:
     """scheduler_faulthandler: `faulthandler`, with `enable()` falling back to the process's
     real stderr where `sys.stderr` has no file descriptor."""
