@@ -345,7 +345,7 @@ def test_patches_match_the_pinned_upstream_and_apply_once():
 
 
 def test_every_engine_socket_has_linger_zero():
-    """Upstream's default LINGER (-1) lets a garbage-collected engine context block forever."""
+    """Engine sockets never wait on unsent messages (upstream's LINGER is -1)."""
     import zmq
 
     from sgl_jax_rollout.engine import patches
@@ -362,8 +362,14 @@ def test_every_engine_socket_has_linger_zero():
 
 def test_shutdown_stops_the_engine_and_spares_unrelated_children(rollout):
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    sockets = list(rollout.engine._hooks.sockets)
+    # engine rpc, scheduler (4), tokenizer manager (2), detokenizer (2)
+    assert len(sockets) >= 9
     try:
         rollout.shutdown()
+        # An open socket left to the garbage collector hangs whichever thread finalises its
+        # context (upstream never closes the detokenizer's).
+        assert all(sock.closed for sock in sockets)
         assert child.poll() is None, "shutdown killed a process the engine did not start"
         with pytest.raises(RuntimeError, match="shut down"):
             rollout.generate(PROMPTS, config())

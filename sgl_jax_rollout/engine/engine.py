@@ -265,8 +265,9 @@ class RolloutEngine:
         Reads upstream attributes (commit in `availability.PINNED_COMMIT`): the scheduler leaves its
         loop at the next idle check (`patches` idle_wait_and_stop); the detokenizer thread,
         blocked on its socket, gets a message whose unpickling raises SystemExit (any
-        Exception there makes upstream SIGQUIT the whole process); then every socket is closed
-        with linger 0 so interpreter exit never waits on a zmq context.
+        Exception there makes upstream SIGQUIT the whole process); then every socket the engine
+        made (`patches` engine_sockets) is closed with linger 0, so neither interpreter exit
+        nor a later garbage collection ever waits on a zmq context.
         """
         if self._closed:
             return
@@ -299,6 +300,12 @@ class RolloutEngine:
             finally:
                 loop.call_soon_threadsafe(loop.stop)
             self._engine.send_to_rpc.close(linger=0)
+            # The rest, the detokenizer's above all (upstream never closes them): an engine
+            # context finalised later with an open socket would hang the collecting thread.
+            for sock in self._hooks.sockets:
+                if not sock.closed:
+                    sock.close(linger=0)
+            self._hooks.sockets.clear()
             atexit.unregister(self.shutdown)
             self._scheduler = None
             self.model_runner = None

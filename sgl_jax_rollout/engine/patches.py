@@ -28,12 +28,14 @@ name or signature it relies on changes. The engine must run with overlap schedul
   capture). Upstream's bare `faulthandler.enable()` raises `io.UnsupportedOperation` there,
   the scheduler thread dies before its loop, and every call then waits for a step that never
   comes.
-- `sockets_linger_zero`: wraps `get_zmq_socket` where the engine's components import it
+- `engine_sockets`: wraps `get_zmq_socket` where the engine's components import it
   (`entrypoints.engine`, `managers.scheduler`, `managers.tokenizer_manager`,
-  `managers.detokenizer_manager`) so every engine socket has `LINGER` 0. Upstream leaves the
-  default (wait forever): when the garbage collector later finalises a shut-down engine's zmq
-  context while one of its sockets still holds an unsent message, `Context.term` blocks the
-  thread that happens to run the collection, forever (seen as a hung test run).
+  `managers.detokenizer_manager`): every engine socket gets `LINGER` 0 and is recorded in the
+  running engine's hooks, so shutdown closes all of them. Upstream never closes the
+  detokenizer's sockets; when the garbage collector later finalises that shut-down engine's
+  zmq context, the sockets' weak references are already cleared, `Context.term` waits for
+  sockets nobody will close, and the thread that happened to run the collection hangs forever
+  (seen as a full test run stuck inside a jit trace).
 """
 
 from __future__ import annotations
@@ -77,6 +79,7 @@ class EngineHooks:
     valid_vocab_size: int | None
     stop: threading.Event = dataclasses.field(default_factory=threading.Event)
     idle_work: IdleWork = dataclasses.field(default_factory=IdleWork)
+    sockets: list = dataclasses.field(default_factory=list)  # every socket the engine made
 
 
 _active: EngineHooks | None = None
@@ -198,7 +201,7 @@ def apply() -> None:
         if not isinstance(scheduler.faulthandler, _SchedulerFaultHandler):
             scheduler.faulthandler = _SchedulerFaultHandler()
         for module in _socket_modules():
-            _wrap(module, "get_zmq_socket", _linger_zero)
+            _wrap(module, "get_zmq_socket", _engine_socket)
         _wrap(objects["ScheduleBatch"], "get_model_worker_batch", _worker_batch_rows)
         _wrap_classmethod(
             objects["SamplingMetadata"], "from_model_worker_batch", _sampling_metadata_rows
@@ -243,10 +246,13 @@ def _wrap_classmethod(owner: type, name: str, wrapper) -> None:
 
 
 # Patch bodies.
-def _linger_zero(original, *args, **kwargs):
-    """sockets_linger_zero: the upstream socket, with LINGER 0."""
+def _engine_socket(original, *args, **kwargs):
+    """engine_sockets: the upstream socket, with LINGER 0, recorded for shutdown."""
     socket = original(*args, **kwargs)
     socket.setsockopt(zmq.LINGER, 0)
+    hooks = _hooks()
+    if hooks is not None:
+        hooks.sockets.append(socket)
     return socket
 
 
