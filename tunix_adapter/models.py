@@ -2,7 +2,8 @@
 
 Owns the translation of an HF `config.json` into tunix's `ModelConfig` for the architectures
 tunix ships (qwen3, qwen2, llama) and the call to tunix's own safetensors loader. Used for the
-built-in tiny model and for real checkpoints alike. Copies nothing of tunix's loaders.
+built-in tiny model and for real checkpoints alike. Copies nothing of tunix's loaders. RoPE
+settings tunix's models ignore are applied through `tunix_adapter.rope`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import jax
+
+from tunix_adapter.rope import fix_rope, rope_config
 
 # HF model_type -> tunix package under tunix.models, and the name of its tied-embedding flag.
 _TUNIX_MODELS = {
@@ -52,11 +55,13 @@ def _tunix_config_and_package(model_dir: str | Path):
         num_heads=heads,
         head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
         num_kv_heads=hf.get("num_key_value_heads", heads),
-        rope_theta=int(hf.get("rope_theta", 10_000)),
+        rope_theta=hf.get("rope_theta", 10_000),
         norm_eps=hf.get("rms_norm_eps", 1e-6),
         **{tied_flag: bool(hf.get("tie_word_embeddings", False))},
     )
-    return config, package
+    # tunix's llama3 / qwen3 attention ignores the config's RoPE: compute what it defines.
+    fix_rope()
+    return rope_config(package, config, hf), package
 
 
 def load_tunix_model(model_dir: str | Path, mesh: jax.sharding.Mesh | None = None):

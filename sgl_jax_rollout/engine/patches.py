@@ -36,6 +36,12 @@ name or signature it relies on changes. The engine must run with overlap schedul
   zmq context, the sockets' weak references are already cleared, `Context.term` waits for
   sockets nobody will close, and the thread that happened to run the collection hangs forever
   (seen as a full test run stuck inside a jit trace).
+- `llama3_rope_scaling`: wraps `layers.embeddings.Llama3RotaryEmbedding.__init__` so the
+  rotary phases use the llama3-scaled frequencies. Upstream's base class computes
+  `_inv_freq_np` (what `_compute_cos_sin` reads) unscaled in its `__init__`, and the llama3
+  subclass only overrides `_compute_inv_freq`, which nothing on that path calls: every Llama
+  3.1 / 3.2 checkpoint (rope_scaling "llama3") is served with unscaled RoPE, another function
+  than the checkpoint's (0.2 nats at positions past 1,024 on a tiny replica).
 """
 
 from __future__ import annotations
@@ -112,6 +118,15 @@ _UPSTREAM = {
     "Scheduler.process_batch_result": ("self", "batch", "result"),
     "Scheduler.stream_output": ("self", "reqs", "return_logprob"),
     "Scheduler.on_idle": ("self",),
+    "Llama3RotaryEmbedding.__init__": (
+        "self",
+        "head_size",
+        "rotary_dim",
+        "max_position_embeddings",
+        "base",
+        "scaling_factor",
+    ),
+    "Llama3RotaryEmbedding._compute_inv_freq": ("self", "base"),
     "Sampler.__call__": ("self", "logits_output", "sampling_metadata", "rng_override"),
     "NativeAttention.__call__": (
         "self",
@@ -127,6 +142,7 @@ _UPSTREAM = {
 
 def _upstream_objects() -> dict[str, Any]:
     from sgl_jax.srt.layers.attention.native_backend import NativeAttention
+    from sgl_jax.srt.layers.embeddings import Llama3RotaryEmbedding
     from sgl_jax.srt.layers.sampler import Sampler
     from sgl_jax.srt.managers.schedule_batch import ScheduleBatch
     from sgl_jax.srt.managers.scheduler import Scheduler
@@ -138,6 +154,7 @@ def _upstream_objects() -> dict[str, Any]:
         "Scheduler": Scheduler,
         "Sampler": Sampler,
         "NativeAttention": NativeAttention,
+        "Llama3RotaryEmbedding": Llama3RotaryEmbedding,
     }
 
 
@@ -210,6 +227,7 @@ def apply() -> None:
         _wrap(objects["Scheduler"], "stream_output", _record_before_stream)
         _wrap(objects["Scheduler"], "on_idle", _idle_wait_and_stop)
         _wrap(objects["NativeAttention"], "__call__", per_rank_native_attention)
+        _wrap(objects["Llama3RotaryEmbedding"], "__init__", _llama3_scaled_frequencies)
 
 
 def _socket_modules() -> list[Any]:
@@ -246,6 +264,14 @@ def _wrap_classmethod(owner: type, name: str, wrapper) -> None:
 
 
 # Patch bodies.
+def _llama3_scaled_frequencies(original, self, *args, **kwargs):
+    """llama3_rope_scaling: the phases read `_inv_freq_np`; give it the scaled frequencies
+    (upstream's own `_compute_inv_freq`, evaluated eagerly even inside a model-building trace)."""
+    original(self, *args, **kwargs)
+    with jax.ensure_compile_time_eval():
+        self._inv_freq_np = np.asarray(self._compute_inv_freq(self.base), np.float32)
+
+
 def _engine_socket(original, *args, **kwargs):
     """engine_sockets: the upstream socket, with LINGER 0, recorded for shutdown."""
     socket = original(*args, **kwargs)
