@@ -61,7 +61,7 @@ engine: $(STAMP)
 		fi; \
 		echo "installing sgl-jax from $(SGL_JAX_SPEC)" >&2; \
 		$(PY) -m pip install --quiet "$(SGL_JAX_SPEC)" >> $(ENGINE_LOG) 2>&1 && $(PY) -c 'import sgl_jax' && exit 0; \
-		why="$$why$(SGL_JAX_SPEC): $$(grep '^ERROR' $(ENGINE_LOG) | tail -n1) (pip output in $(ENGINE_LOG))"; \
+		why="$${why}$(SGL_JAX_SPEC): $$(grep '^ERROR' $(ENGINE_LOG) | tail -n1) (pip output in $(ENGINE_LOG))"; \
 	fi; \
 	if [ -n "$(REQUIRE_ENGINE)" ]; then \
 		echo "make: the sgl-jax engine is required (REQUIRE_ENGINE) but could not be installed: $$why" >&2; exit 2; \
