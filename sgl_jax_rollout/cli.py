@@ -33,13 +33,22 @@ def _make_tiny_model(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check(args: argparse.Namespace) -> int:
+def _engine_missing(hint: str | None = None) -> bool:
+    """True (after saying how to install it) when sgl-jax cannot be imported."""
     from sgl_jax_rollout.engine.availability import require_sgl_jax
 
     try:
         require_sgl_jax()
     except ImportError as err:
         print(f"sgl-jax-rollout: {err}", file=sys.stderr)
+        if hint:
+            print(hint, file=sys.stderr)
+        return True
+    return False
+
+
+def _check(args: argparse.Namespace) -> int:
+    if _engine_missing():
         return 2
     from tunix_adapter import check
 
@@ -67,12 +76,7 @@ def _bench(args: argparse.Namespace) -> int:
 
         result = sampler_bench.run(steps=args.steps)
     else:
-        from sgl_jax_rollout.engine.availability import require_sgl_jax
-
-        try:
-            require_sgl_jax()
-        except ImportError as err:
-            print(f"sgl-jax-rollout: {err}", file=sys.stderr)
+        if _engine_missing():
             return 2
         from sgl_jax_rollout.bench import rollout_bench
 
@@ -94,15 +98,10 @@ def _demo(args: argparse.Namespace) -> int:
         except tpu_configs.PresetError as err:
             print(f"sgl-jax-rollout: error: --preset: {err}", file=sys.stderr)
             return 2
-    if args.rollout == "sglang_jax":
-        from sgl_jax_rollout.engine.availability import require_sgl_jax
-
-        try:
-            require_sgl_jax()
-        except ImportError as err:
-            print(f"sgl-jax-rollout: {err}", file=sys.stderr)
-            print("(or run the demo on tunix's rollout: --rollout vanilla)", file=sys.stderr)
-            return 2
+    if args.rollout == "sglang_jax" and _engine_missing(
+        "(or run the demo on tunix's rollout: --rollout vanilla)"
+    ):
+        return 2
     from tunix_adapter.demo import DemoConfig, run
 
     config = DemoConfig(

@@ -119,31 +119,35 @@ def test_tunix_loader_reads_weights_bit_for_bit(qwen3_dir, tunix_qwen3):
         np.testing.assert_array_equal(leaves[name], want, err_msg=name)
 
 
-def test_next_token_entropy_is_far_from_uniform(qwen3_dir, tunix_qwen3):
+def assert_next_token_entropy_far_from_uniform(model, model_dir) -> None:
+    """The trainer model's next-token entropy on PROMPTS: 20-80% of log V, and varied."""
     import jax
     import jax.numpy as jnp
     from transformers import AutoTokenizer
     from tunix.rl import common
 
-    tok = AutoTokenizer.from_pretrained(str(qwen3_dir))
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
     encoded = [tok.encode(p, add_special_tokens=False) for p in PROMPTS]
     width = max(map(len, encoded))
     tokens = np.full((len(encoded), width), tok.pad_token_id, np.int32)
     for i, ids in enumerate(encoded):
         tokens[i, width - len(ids) :] = ids
     mask = jnp.asarray(tokens != tok.pad_token_id)
-    logits, _ = tunix_qwen3(
+    logits, _ = model(
         jnp.asarray(tokens),
         common.build_positions_from_mask(mask),
         None,
         common.make_causal_attn_mask(mask),
     )
     logp = np.asarray(jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1), np.float64)
-    real = np.asarray(mask)
-    entropy = -(np.exp(logp) * logp).sum(-1)[real]
+    entropy = -(np.exp(logp) * logp).sum(-1)[np.asarray(mask)]
     ratio = entropy.mean() / np.log(logits.shape[-1])
     assert 0.2 <= ratio <= 0.8, f"mean entropy is {ratio:.2%} of log V"
     assert entropy.std() > 0.1, "entropy should vary across positions"
+
+
+def test_next_token_entropy_is_far_from_uniform(qwen3_dir, tunix_qwen3):
+    assert_next_token_entropy_far_from_uniform(tunix_qwen3, qwen3_dir)
 
 
 # --- make_tiny_model(like=NAME): a real checkpoint's config features at the tiny sizes ---
@@ -351,40 +355,14 @@ def test_cli_make_tiny_model_like(tmp_path, capsys):
 
 @pytest.mark.parametrize("name", sorted(REAL))
 def test_tunix_loads_like_presets_with_non_uniform_next_tokens(name, like_dirs):
-    import jax
-    import jax.numpy as jnp
     from flax import nnx
-    from transformers import AutoTokenizer
-    from tunix.rl import common
 
     from tunix_adapter.models import load_tunix_model
 
     directory = like_dirs[name]
-    try:
-        model = load_tunix_model(directory)
-    except ValueError as err:
-        if "rope_scaling" in str(err):
-            pytest.skip(f"tunix_adapter does not take this rope_scaling yet: {err}")
-        raise
+    model = load_tunix_model(directory)
     leaves = {".".join(map(str, p)) for p, _ in nnx.to_flat_state(nnx.state(model, nnx.Param))}
     tied = json.loads((directory / "config.json").read_text())["tie_word_embeddings"]
     assert ("lm_head.w" in leaves) == (not tied)
 
-    tok = AutoTokenizer.from_pretrained(str(directory))
-    encoded = [tok.encode(p, add_special_tokens=False) for p in PROMPTS]
-    width = max(map(len, encoded))
-    tokens = np.full((len(encoded), width), tok.pad_token_id, np.int32)
-    for i, ids in enumerate(encoded):
-        tokens[i, width - len(ids) :] = ids
-    mask = jnp.asarray(tokens != tok.pad_token_id)
-    logits, _ = model(
-        jnp.asarray(tokens),
-        common.build_positions_from_mask(mask),
-        None,
-        common.make_causal_attn_mask(mask),
-    )
-    logp = np.asarray(jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1), np.float64)
-    entropy = -(np.exp(logp) * logp).sum(-1)[np.asarray(mask)]
-    ratio = entropy.mean() / np.log(logits.shape[-1])
-    assert 0.2 <= ratio <= 0.8, f"mean entropy is {ratio:.2%} of log V"
-    assert entropy.std() > 0.1, "entropy should vary across positions"
+    assert_next_token_entropy_far_from_uniform(model, directory)
