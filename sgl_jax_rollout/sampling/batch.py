@@ -24,6 +24,10 @@ from sgl_jax_rollout.sampling.options import ENTROPY_SOURCES, LOGPROBS_MODES, Sa
 # Padding value of the token-id arrays (prompt, output, stop ids): ignored by the sampler.
 NO_TOKEN = -1
 DEFAULT_CANDIDATES = 64
+# The sampler's PRNG, whatever `jax_default_prng_impl` says (rbg / unsafe_rbg keys have other
+# shapes and streams): a row draws one uniform per step, so the implementation costs nothing
+# measurable, and a seed gives the same tokens on every platform and setting.
+KEY_IMPL = "threefry2x32"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,7 +94,7 @@ class SamplerConfig:
 class SamplingBatch:
     """Per-row settings of one sampler call; every field has the batch as first axis.
 
-    top_k <= 0 disables top-k; temperature 0 marks a greedy row. `keys` are raw threefry key
+    top_k <= 0 disables top-k; temperature 0 marks a greedy row. `keys` are raw `KEY_IMPL` key
     data, one key per row. Token-id arrays are padded with `NO_TOKEN`; they may be None when
     the config has `penalties=False`.
     """
@@ -126,16 +130,25 @@ class SamplerOutput:
     top_logprobs: Float[Array, "batch n"] | None = None
 
 
+def _key(data: UInt32[Array, " 2"]) -> jax.Array:
+    """A typed key of `KEY_IMPL` from its raw data (never the process's default impl)."""
+    return jax.random.wrap_key_data(data, impl=KEY_IMPL)
+
+
 def row_key(seed: int, step: int) -> np.ndarray:
-    """Threefry key data of a seeded row at one decode step (host-side, batch-independent)."""
-    key = jax.random.fold_in(jax.random.PRNGKey(seed % 2**32), step)
-    return np.asarray(key, dtype=np.uint32)
+    """Key data of a seeded row at one decode step (host-side, batch-independent)."""
+    key = jax.random.fold_in(_key(jnp.asarray(base_keys([seed])[0])), step)
+    return np.asarray(jax.random.key_data(key), dtype=np.uint32)
 
 
 def base_keys(seeds: Sequence[int]) -> np.ndarray:
-    """`PRNGKey(seed % 2**32)` data of each seed, built with numpy (no device call per row)."""
-    out = np.zeros((len(seeds), 2), np.uint32)
-    out[:, 1] = np.asarray([s % 2**32 for s in seeds], np.uint64).astype(np.uint32)
+    """Key data `[seed >> 32, seed & 0xffffffff]` of each seed (what threefry's own seeding
+    gives a 64-bit seed): all 63 bits of a seed reach the key. Built with numpy, no device
+    call per row."""
+    values = np.asarray([int(s) for s in seeds], np.uint64).reshape(-1)
+    out = np.zeros((len(values), 2), np.uint32)
+    out[:, 0] = (values >> np.uint64(32)).astype(np.uint32)
+    out[:, 1] = (values & np.uint64(0xFFFFFFFF)).astype(np.uint32)
     return out
 
 
@@ -145,7 +158,11 @@ def step_keys(keys: UInt32[Array, "batch 2"], steps: Int[Array, " batch"]) -> ja
     Runs inside jit, so an engine passes seeds once per request and never computes keys on the
     host per step.
     """
-    return jax.vmap(jax.random.fold_in)(keys, steps.astype(jnp.uint32))
+
+    def fold(data, step):
+        return jax.random.key_data(jax.random.fold_in(_key(data), step))
+
+    return jax.vmap(fold)(keys, steps.astype(jnp.uint32))
 
 
 def config_for(options: Sequence[SamplingOptions], **static: object) -> SamplerConfig:

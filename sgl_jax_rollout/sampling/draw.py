@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, UInt32
 
+from sgl_jax_rollout.sampling.batch import KEY_IMPL
 from sgl_jax_rollout.sampling.distribution import mass_and_moment
 
 # Largest block of the two-level draw that is searched for an exact divisor of the vocabulary.
@@ -24,8 +25,10 @@ _MAX_BLOCK = 4096
 
 
 def row_uniforms(keys: UInt32[Array, "batch 2"]) -> Float[Array, " batch"]:
-    """One U[0, 1) number per row from its threefry key data."""
-    return jax.vmap(lambda k: jax.random.uniform(jax.random.wrap_key_data(k)))(keys)
+    """One U[0, 1) number per row from its `KEY_IMPL` key data."""
+    return jax.vmap(lambda k: jax.random.uniform(jax.random.wrap_key_data(k, impl=KEY_IMPL)))(
+        keys
+    )
 
 
 def inverse_cdf(
