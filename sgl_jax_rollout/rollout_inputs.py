@@ -3,7 +3,8 @@
 Owns the host-side rules of `SglangJaxRollout`, kept apart so they are tested without an
 engine: `RolloutConfig` + per-call overrides -> `SamplingOptions`; per-sample seeds (`n`
 samples of a prompt are adjacent; an int seed gives every row its own stream, a list gives
-one seed per prompt); prompt left truncation and left padding; completion lengths inside
+one seed per prompt, a JAX PRNG key one stream); `eos_tokens` checked against the
+vocabulary; prompt left truncation and left padding; completion lengths inside
 padded arrays (docs/design.md section 4); `generation_config.json` -> default options (only
 when the user opts in).
 
@@ -18,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import jax
 import numpy as np
 from jaxtyping import Float, Int
 
@@ -58,10 +60,16 @@ def sample_seeds(seed: Any, num_prompts: int, n: int, fresh: np.random.Generator
       prompts (how GRPO builds groups) still get different samples.
     - one value per prompt: sample 0 of prompt i uses seed[i] itself, sample j > 0 a seed
       derived from (seed[i], j); the same per-prompt seed reproduces its samples.
+    - a JAX PRNG key (a typed key, or uint32 key data such as `jax.random.PRNGKey(0)`, which
+      is how tunix's own samplers read the field): one stream, like an int.
     """
     rows = num_prompts * n
     if seed is None:
         return [int(s) for s in fresh.integers(0, MAX_SEED, size=rows)]
+    key_words = _prng_key_words(seed)
+    if key_words is not None:  # a JAX PRNG key (RolloutConfig.seed's type): one stream
+        base = _derive(*key_words)
+        return [_derive(base, r) for r in range(rows)]
     values = np.asarray(seed)
     if values.ndim == 0:
         base = _as_seed(values.item(), "seed")
@@ -74,14 +82,42 @@ def sample_seeds(seed: Any, num_prompts: int, n: int, fresh: np.random.Generator
     return [s if j == 0 else _derive(s, j) for s in flat for j in range(n)]
 
 
+def _prng_key_words(seed: Any) -> list[int] | None:
+    """The words of a JAX PRNG key, as tunix reads `RolloutConfig.seed` (a typed key, or a
+    uint32 `jax.Array` of raw key data such as `jax.random.PRNGKey(0)`); None otherwise."""
+    if not isinstance(seed, jax.Array):
+        return None
+    if jax.dtypes.issubdtype(seed.dtype, jax.dtypes.prng_key):
+        if seed.shape != ():
+            raise ValueError(f"seed: a PRNG key must be a single key, got shape {seed.shape}")
+        seed = jax.random.key_data(seed)
+    elif seed.dtype != np.uint32 or seed.ndim != 1:
+        return None
+    return [int(w) for w in np.asarray(seed).reshape(-1)]
+
+
+def eos_token_list(eos_tokens: Any, vocab_size: int) -> list[int]:
+    """`RolloutConfig.eos_tokens` as ids in [0, vocab_size), or ValueError naming the entry."""
+    if eos_tokens is None:
+        return []
+    if isinstance(eos_tokens, str | bytes) or not isinstance(eos_tokens, Sequence | np.ndarray):
+        raise ValueError(f"eos_tokens must be a list of token ids, got {eos_tokens!r}")
+    out = []
+    for i, t in enumerate(np.asarray(eos_tokens, dtype=object).reshape(-1).tolist()):
+        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size:
+            raise ValueError(f"eos_tokens[{i}] must be a token id in [0, {vocab_size}), got {t!r}")
+        out.append(t)
+    return out
+
+
 def _as_seed(value: Any, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 0:
         raise ValueError(f"{name} must hold integers >= 0, got {value!r}")
     return int(value) % (MAX_SEED + 1)
 
 
-def _derive(seed: int, index: int) -> int:
-    state = np.random.SeedSequence([seed, index]).generate_state(2, np.uint32)
+def _derive(*words: int) -> int:
+    state = np.random.SeedSequence(list(words)).generate_state(2, np.uint32)
     return int((int(state[0]) << 31) ^ int(state[1])) % (MAX_SEED + 1)
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import types
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -135,3 +137,40 @@ def test_library_defaults_log_nothing_when_the_file_changes_no_sampling_value(tm
     with caplog.at_level("INFO", logger="sgl_jax_rollout.rollout_inputs"):
         assert inputs.rollout_defaults(tmp_path, use_generation_config=False) == SamplingOptions()
     assert caplog.text == ""
+
+
+@pytest.mark.parametrize("make_key", [jax.random.key, jax.random.PRNGKey])
+def test_a_jax_prng_key_seed_is_one_stream(make_key):
+    """tunix declares `RolloutConfig.seed` a jax.Array and its samplers read it as a key; two
+    words of raw key data must not be read as seeds of two prompts."""
+    seeds = inputs.sample_seeds(make_key(3), num_prompts=2, n=2, fresh=np.random.default_rng())
+    assert len(set(seeds)) == 4 and all(0 <= s < 2**63 for s in seeds)
+    assert seeds == inputs.sample_seeds(make_key(3), 2, 2, np.random.default_rng(9))
+    assert seeds != inputs.sample_seeds(make_key(4), 2, 2, np.random.default_rng())
+    assert seeds != inputs.sample_seeds(3, 2, 2, np.random.default_rng())
+    # An int-typed array is still one seed per prompt.
+    per_prompt = inputs.sample_seeds(jnp.asarray([10, 20]), 2, 1, np.random.default_rng())
+    assert per_prompt == [10, 20]
+    with pytest.raises(ValueError, match="single key"):
+        inputs.sample_seeds(jax.random.split(jax.random.key(0), 2), 2, 1, np.random.default_rng())
+
+
+@pytest.mark.parametrize(
+    ("eos", "match"),
+    [
+        ([1, 2.5], r"eos_tokens\[1\]"),
+        ([50, -1], r"eos_tokens\[1\]"),
+        ([99], r"\[0, 99\)"),
+        ([True], r"eos_tokens\[0\]"),
+        ("7", "list of token ids"),
+        (7, "list of token ids"),
+    ],
+)
+def test_eos_tokens_are_checked_against_the_vocabulary(eos, match):
+    with pytest.raises(ValueError, match=match):
+        inputs.eos_token_list(eos, vocab_size=99)
+
+
+def test_valid_eos_tokens_pass_as_ints():
+    assert inputs.eos_token_list(np.asarray([3, 98]), 99) == [3, 98]
+    assert inputs.eos_token_list(None, 99) == [] and inputs.eos_token_list((), 99) == []

@@ -6,7 +6,8 @@ step, and its `Completion` once finished. Callers `register` before submitting a
 (or `forget`) after; every store is keyed by request id, and `sizes()` lets tests check that
 nothing outlives its request.
 
-The scheduler side is three hooks, called by the patches in `patches.py`:
+The scheduler side is four hooks, called by the patches in `patches.py`: `fail` (a step of
+these requests failed: each gets a completion carrying the error),
 `stash_step` (the sampler's per-row values of the step just run, before the result is
 processed), `record` (before sgl-jax streams outputs: new tokens are `len(req.output_ids)`
 minus the values recorded, which covers the first token from prefill, chunked prefill and
@@ -83,15 +84,13 @@ class Collector:
             self._specs[rid] = spec
             self._records[rid] = _Record()
 
-    def take(self, rid: str) -> Completion:
-        """Pops the completion of a finished request (raises if it did not finish here)."""
+    def take(self, rid: str) -> Completion | None:
+        """Pops the completion of a finished request (None if none was recorded: the request
+        ended before its first step, e.g. aborted while queued)."""
         with self._lock:
             self._specs.pop(rid, None)
             self._records.pop(rid, None)
-            done = self._done.pop(rid, None)
-        if done is None:
-            raise RuntimeError(f"request {rid!r} returned without a recorded completion")
-        return done
+            return self._done.pop(rid, None)
 
     def forget(self, rids: Iterable[str]) -> None:
         """Drops everything held for `rids` (aborted or failed requests)."""
@@ -100,6 +99,26 @@ class Collector:
                 self._specs.pop(rid, None)
                 self._records.pop(rid, None)
                 self._done.pop(rid, None)
+
+    def fail(self, rids: Iterable[str], message: str) -> None:
+        """Scheduler side, a step failed: each of `rids` we hold ends with `message` as its
+        error (its caller raises it); nothing more is recorded for it."""
+        with self._lock:
+            for rid in rids:
+                if rid not in self._records:
+                    continue  # not ours (scoring, warm-up) or already finished
+                self._done[rid] = Completion(
+                    rid=rid,
+                    tokens=[],
+                    logprobs=None,
+                    entropy=None,
+                    top_logprob_ids=None,
+                    top_logprobs=None,
+                    finish_reason={"type": "abort", "message": message},
+                    error=message,
+                )
+                del self._records[rid]
+                self._specs.pop(rid, None)
 
     def sizes(self) -> dict[str, int]:
         """Entries held per request. (The per-step stash is cleared at the end of each step,

@@ -15,17 +15,23 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import concurrent.futures
+import contextlib
+import dataclasses
 import json
 import logging
+import signal
 import sys
 import threading
 import time
 import uuid
 from collections.abc import Sequence
+from concurrent.futures import FIRST_COMPLETED
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import zmq
 
 from sgl_jax_rollout.engine import patches
 from sgl_jax_rollout.engine.availability import require_sgl_jax
@@ -42,11 +48,18 @@ STOP_TIMEOUT_S = 30.0
 
 class RolloutEngine:
     def __init__(self, model_path: str | Path, settings: EngineSettings | None = None) -> None:
+        """Starts the engine; on any failure, whatever was started is stopped again (threads,
+        sockets, signal handlers, the process's engine slot) before the error propagates."""
         settings = settings or EngineSettings()
         model_path = Path(model_path)
         config_file = model_path / "config.json"
         if not config_file.is_file():
             raise ValueError(f"model_path must be a model directory with config.json: {model_path}")
+        if threading.current_thread() is not threading.main_thread():
+            raise RuntimeError(
+                "build the rollout engine on the main thread: sgl-jax installs signal "
+                "handlers while it starts, which Python allows only there"
+            )
         require_sgl_jax()
         import jax
 
@@ -57,7 +70,6 @@ class RolloutEngine:
                 "batch on the CPU attention backends"
             )
         settings = _on_devices(settings, jax.device_count())
-        from sgl_jax.srt.entrypoints.engine import Engine
         from transformers import AutoTokenizer
 
         model_config = json.loads(config_file.read_text())
@@ -70,32 +82,55 @@ class RolloutEngine:
         valid = len(self.tokenizer) if len(self.tokenizer) < vocab else None
         self.collector = Collector()
         self._hooks = patches.EngineHooks(collector=self.collector, valid_vocab_size=valid)
-        self._lock = threading.Lock()
-        self._closed = False
+        self._lock = threading.Lock()  # one call at a time
+        self._ending = threading.Lock()  # one shutdown at a time
+        self._abort_reason: str | None = None
+        self._engine = None
+        self._scheduler = None
+        self.model_runner = None
+        self._weights = None
 
         patches.apply()
-        patches.activate(self._hooks)
-        try:
-            started = time.perf_counter()
-            self._engine = Engine(**settings.server_args(str(model_path), jax.default_backend()))
-        except BaseException:
-            patches.deactivate(self._hooks)
-            raise
-        # Upstream registers Engine.shutdown, which SIGKILLs every child of this process.
-        atexit.unregister(self._engine.shutdown)
+        patches.activate(self._hooks, STOP_TIMEOUT_S)
         atexit.register(self.shutdown)
-        self._scheduler = self._engine.scheduler_info["scheduler"]
-        self._scheduler._sgl_jax_rollout_stop = self._hooks.stop
-        self.model_runner = self._scheduler.tp_worker.worker.model_runner
-        from sgl_jax_rollout.engine.weights import WeightSwapper
-
-        self._weights = WeightSwapper(self.model_runner, self.model_type)
+        started = time.perf_counter()
+        try:
+            self._start(settings, jax.default_backend())
+        except BaseException as err:
+            reason = self._hooks.ended.result() if self._hooks.ended.done() else None
+            self._teardown("the engine failed to start")
+            if reason is not None:
+                raise RuntimeError(f"the sgl-jax engine failed to start: {reason}") from (
+                    self._hooks.error or err
+                )
+            raise
+        self._hooks.on_fault = self._shut_down_after_fault
         logger.info(
             "sgl-jax engine ready in %.1fs: %s, %s",
             time.perf_counter() - started,
             model_path,
             settings,
         )
+
+    def _start(self, settings: EngineSettings, backend: str) -> None:
+        from sgl_jax.srt.entrypoints.engine import Engine
+
+        from sgl_jax_rollout.engine.weights import WeightSwapper
+
+        # Built in two steps so that a failing __init__ still leaves the object to clean up.
+        engine = Engine.__new__(Engine)
+        self._engine = engine
+        with _signal_handlers_kept():
+            try:
+                engine.__init__(**settings.server_args(str(self.model_path), backend))
+            finally:
+                # Upstream registers Engine.shutdown, which SIGKILLs every child process.
+                atexit.unregister(engine.shutdown)
+        if self._hooks.ended.done():  # a thread failed while the engine started
+            raise RuntimeError(self._hooks.ended.result())
+        self._scheduler = engine.scheduler_info["scheduler"]
+        self.model_runner = self._scheduler.tp_worker.worker.model_runner
+        self._weights = WeightSwapper(self.model_runner, self.model_type)
 
     # Generation.
     def generate(
@@ -107,7 +142,12 @@ class RolloutEngine:
         stop_token_ids: Sequence[Sequence[int]] | None = None,
         ignore_eos: Sequence[bool] | None = None,
     ) -> list[Completion]:
-        """One completion per (prompt, spec), in order. Specs must share their output modes."""
+        """One completion per (prompt, spec), in order. Specs must share their output modes.
+
+        Raises RuntimeError naming the failure when any request of the call failed (a step
+        of the engine raised, the call was aborted, the engine stopped); the engine keeps
+        serving unless it stopped.
+        """
         if len(prompts) != len(specs):
             raise ValueError(f"{len(prompts)} prompts but {len(specs)} sampling specs")
         if not prompts:
@@ -116,6 +156,7 @@ class RolloutEngine:
         if len(modes) > 1:
             raise ValueError(f"one call must use one logprob / entropy mode, got {modes}")
         rows = len(prompts)
+        input_ids = [self._checked_ids(p, f"prompt {i}") for i, p in enumerate(prompts)]
         stop = stop or [()] * rows
         stop_token_ids = stop_token_ids or [()] * rows
         ignore_eos = ignore_eos or [False] * rows
@@ -131,27 +172,24 @@ class RolloutEngine:
         rids = [uuid.uuid4().hex for _ in range(rows)]
         with self._lock:
             self._check_open()
+            self._abort_reason = None
             try:
                 for rid, spec in zip(rids, specs, strict=True):
                     self.collector.register(rid, spec)
-                outputs = self._submit(
-                    input_ids=[list(map(int, p)) for p in prompts],
-                    sampling_params=params,
-                    rid=rids,
-                )
+                outputs = self._submit(input_ids=input_ids, sampling_params=params, rid=rids)
                 completions = [self.collector.take(rid) for rid in rids]
             except BaseException:
                 self._abort(rids)
                 raise
             finally:
                 self.collector.forget(rids)
-        for out, done in zip(outputs, completions, strict=True):
-            expected = out["meta_info"]["completion_tokens"]
-            if done.error or len(done.tokens) != expected:
-                raise RuntimeError(
-                    f"engine output for request {done.rid} is inconsistent: {done.error or ''} "
-                    f"({len(done.tokens)} tokens recorded, engine reports {expected})"
-                )
+        failures = [
+            problem
+            for out, done in zip(outputs, completions, strict=True)
+            if (problem := self._failure(out, done)) is not None
+        ]
+        if failures:
+            raise RuntimeError(_summary(failures, rows))
         return completions
 
     def score(
@@ -168,32 +206,88 @@ class RolloutEngine:
         result = [np.zeros((0,), np.float32) for _ in completions]
         if not rows:
             return result
+        ids = {}
         for i in rows:
             if not len(prompts[i]):
                 raise ValueError(f"prompt {i} is empty: scoring needs at least one prompt token")
+            prompt = self._checked_ids(prompts[i], f"prompt {i}")
+            ids[i] = (prompt, self._checked_ids(completions[i], f"completion {i}"))
         rids = [uuid.uuid4().hex for _ in rows]
         with self._lock:
             self._check_open()
+            self._abort_reason = None
             try:
                 outputs = self._submit(
-                    input_ids=[[*map(int, prompts[i]), *map(int, completions[i])] for i in rows],
+                    input_ids=[ids[i][0] + ids[i][1] for i in rows],
                     sampling_params=[{"max_new_tokens": 1, "temperature": 0.0}] * len(rows),
                     rid=rids,
                     return_logprob=[True] * len(rows),
-                    logprob_start_len=[len(prompts[i]) - 1 for i in rows],
+                    logprob_start_len=[len(ids[i][0]) - 1 for i in rows],
                 )
             except BaseException:
                 self._abort(rids)
                 raise
+        failures = [p for out in outputs if (p := self._aborted(out)) is not None]
+        if failures:
+            raise RuntimeError(_summary(failures, len(rows), "scoring"))
         for i, out in zip(rows, outputs, strict=True):
             entries = out["meta_info"]["input_token_logprobs"][1:]
-            ids = [e[1] for e in entries]
-            if ids != [reported_input_id(int(t), self.vocab_size) for t in completions[i]]:
+            scored = [e[1] for e in entries]
+            if scored != [reported_input_id(t, self.vocab_size) for t in ids[i][1]]:
                 raise RuntimeError(f"scoring row {i}: the engine scored other tokens than given")
             result[i] = np.asarray([e[0] for e in entries], np.float32)
         return result
 
+    def abort(self, reason: str = "aborted by the caller") -> None:
+        """Ends every request in flight; the running call raises RuntimeError with `reason`.
+        The engine keeps serving (safe from any thread)."""
+        engine = self._engine
+        if engine is None or self._hooks.ended.done():
+            return
+        self._abort_reason = reason
+        engine.abort_request(abort_all=True)
+
+    def _checked_ids(self, ids: Sequence[int], what: str) -> list[int]:
+        """Token ids as ints in [0, vocab_size), or ValueError naming the row and position."""
+        out = []
+        for j, t in enumerate(ids):
+            if isinstance(t, bool) or not isinstance(t, int | np.integer):
+                raise ValueError(f"{what}: token {j} must be an integer id, got {t!r}")
+            if not 0 <= t < self.vocab_size:
+                raise ValueError(
+                    f"{what}: token {j} is {int(t)}, outside the vocabulary [0, {self.vocab_size})"
+                )
+            out.append(int(t))
+        return out
+
+    def _failure(self, out: dict, done: Completion | None) -> str | None:
+        """Why a request's completion cannot be returned, or None."""
+        if done is not None and done.error:
+            return done.error
+        aborted = self._aborted(out)
+        if aborted is not None:
+            return aborted
+        expected = out["meta_info"]["completion_tokens"]
+        if done is None or len(done.tokens) != expected:
+            recorded = "no" if done is None else len(done.tokens)
+            return (
+                f"engine output for request {out['meta_info']['id']} is inconsistent "
+                f"({recorded} tokens recorded, engine reports {expected})"
+            )
+        return None
+
+    def _aborted(self, out: dict) -> str | None:
+        reason = out["meta_info"].get("finish_reason")
+        if not isinstance(reason, dict) or reason.get("type") != "abort":
+            return None
+        message = reason.get("message") or "aborted"
+        if self._abort_reason is not None and message in ("Aborted", "Abort before prefill"):
+            return f"aborted: {self._abort_reason}"
+        return message
+
     def _submit(self, **fields: Any) -> list[dict]:
+        """Sends one batch request; returns its outputs, or raises when the engine ends first
+        (shut down from another thread, or stopped by a fault)."""
         from sgl_jax.srt.managers.io_struct import GenerateReqInput
 
         obj = GenerateReqInput(**fields)
@@ -203,6 +297,9 @@ class RolloutEngine:
 
         future = asyncio.run_coroutine_threadsafe(run(), self._engine.loop)
         try:
+            concurrent.futures.wait([future, self._hooks.ended], return_when=FIRST_COMPLETED)
+            if not future.done():
+                raise RuntimeError(f"{self._hooks.ended.result()}; this call did not finish")
             out = future.result()
         except BaseException:
             future.cancel()
@@ -210,14 +307,18 @@ class RolloutEngine:
         return out if isinstance(out, list) else [out]
 
     def _abort(self, rids: Sequence[str]) -> None:
+        engine = self._engine
+        if engine is None or self._hooks.ended.done():
+            return
         for rid in rids:
             try:
-                self._engine.abort_request(rid=rid)
+                engine.abort_request(rid=rid)
             except Exception:  # the engine may already be gone; nothing more to release
                 logger.debug("abort of %s failed", rid, exc_info=True)
 
     # Weights.
     def engine_state(self):
+        self._check_open()
         return self._weights.engine_state()
 
     def update_weights(
@@ -242,75 +343,85 @@ class RolloutEngine:
 
     def _when_idle(self, fn) -> Any:
         future = self._hooks.idle_work.submit(fn)
-        try:
-            return future.result(timeout=STOP_TIMEOUT_S)
-        except TimeoutError:
-            if future.cancel():
-                raise RuntimeError(
-                    f"the engine's scheduler did not become idle within {STOP_TIMEOUT_S:.0f}s"
-                ) from None
+        concurrent.futures.wait([future, self._hooks.ended], STOP_TIMEOUT_S, FIRST_COMPLETED)
+        if future.done() or not future.cancel():
             return future.result()
+        if self._hooks.ended.done():
+            raise RuntimeError(f"{self._hooks.ended.result()}; the weights were not swapped")
+        raise RuntimeError(
+            f"the engine's scheduler did not become idle within {STOP_TIMEOUT_S:.0f}s"
+        )
 
     # Lifecycle.
     def store_sizes(self) -> dict[str, int]:
         return self.collector.sizes()
 
     def _check_open(self) -> None:
-        if self._closed:
-            raise RuntimeError("the rollout engine was shut down")
+        if self._hooks.ended.done():
+            raise RuntimeError(self._hooks.ended.result())
+
+    def _shut_down_after_fault(self, reason: str) -> None:
+        """Called on the failing engine thread: shut down from a thread of our own, which
+        waits for the running call to give up the lock (it is woken by `ended`)."""
+        threading.Thread(target=self.shutdown, name="sgl-jax-rollout-shutdown", daemon=True).start()
 
     def shutdown(self) -> None:
         """Stops the engine's own threads and closes its sockets; touches no other process.
 
-        Reads upstream attributes (commit in `availability.PINNED_COMMIT`): the scheduler leaves its
-        loop at the next idle check (`patches` idle_wait_and_stop); the detokenizer thread,
-        blocked on its socket, gets a message whose unpickling raises SystemExit (any
-        Exception there makes upstream SIGQUIT the whole process); then every socket the engine
-        made (`patches` engine_sockets) is closed with linger 0, so neither interpreter exit
-        nor a later garbage collection ever waits on a zmq context.
+        Safe from any thread and at any time: a call running in another thread ends at once
+        with RuntimeError ("... was shut down ..."), then the engine is taken down.
         """
-        if self._closed:
-            return
-        with self._lock:
-            self._closed = True
-            self._engine.abort_request(abort_all=True)
-            patches.deactivate(self._hooks)
-            _join_threads(SCHEDULER_THREAD_PREFIX)
-            self._hooks.idle_work.close()
-            scheduler = self._scheduler
-            detokenizer = getattr(scheduler, "send_to_detokenizer", None)
-            if detokenizer is not None:
-                detokenizer.send_pyobj(_ExitThread())
-                _join_threads(DETOKENIZER_THREAD_PREFIX)
-            _close_sockets(
-                scheduler,
-                (
-                    "recv_from_tokenizer",
-                    "send_to_tokenizer",
-                    "send_to_detokenizer",
-                    "recv_from_rpc",
-                ),
-            )
-            loop = self._engine.loop
-            manager = self._engine.tokenizer_manager
+        with self._ending:
+            if self._engine is None and self._hooks.released.is_set():
+                return
+            self._hooks.end("the rollout engine was shut down")
+            with self._lock:
+                self._teardown("the rollout engine was shut down")
+
+    def _teardown(self, reason: str) -> None:
+        """Takes down whatever was started, from any state of construction.
+
+        Reads upstream attributes (commit in `availability.PINNED_COMMIT`): the scheduler
+        leaves its loop at the next idle check (`patches` idle_wait_and_stop); the
+        detokenizer thread, blocked on its socket, gets a message whose unpickling raises
+        SystemExit (any Exception there would be an engine fault); then every socket the
+        engine made (`patches` engine_sockets) is closed with linger 0, so neither
+        interpreter exit nor a later garbage collection ever waits on a zmq context.
+        """
+        hooks, engine = self._hooks, self._engine
+        hooks.end(reason)
+        manager = getattr(engine, "tokenizer_manager", None) if engine is not None else None
+        if manager is not None:
+            with contextlib.suppress(Exception):
+                manager.abort_request(abort_all=True)
+        patches.deactivate(hooks)  # sets stop: the scheduler and our watchdog leave their loops
+        _join_threads(SCHEDULER_THREAD_PREFIX)
+        hooks.idle_work.close()
+        port_args = getattr(engine, "port_args", None) if engine is not None else None
+        if port_args is not None and _alive(DETOKENIZER_THREAD_PREFIX):
+            _stop_detokenizer(port_args.detokenizer_ipc_name)
+        loop = getattr(engine, "loop", None) if engine is not None else None
+        if loop is not None and loop.is_running():
             try:
-                asyncio.run_coroutine_threadsafe(_cancel_tasks(manager), loop).result(
-                    STOP_TIMEOUT_S
-                )
+                asyncio.run_coroutine_threadsafe(_cancel_tasks(), loop).result(STOP_TIMEOUT_S)
             finally:
                 loop.call_soon_threadsafe(loop.stop)
-            self._engine.send_to_rpc.close(linger=0)
-            # The rest, the detokenizer's above all (upstream never closes them): an engine
-            # context finalised later with an open socket would hang the collecting thread.
-            for sock in self._hooks.sockets:
-                if not sock.closed:
-                    sock.close(linger=0)
-            self._hooks.sockets.clear()
-            atexit.unregister(self.shutdown)
-            self._scheduler = None
-            self.model_runner = None
-            self._weights = None
-            self._engine = None
+        # Every socket, the detokenizer's above all (upstream never closes them): an engine
+        # context finalised later with an open socket would hang the collecting thread.
+        for sock in hooks.sockets:
+            if not sock.closed:
+                sock.close(linger=0)
+        hooks.sockets.clear()
+        hooks.scheduler = None
+        if port_args is not None:  # upstream's PortArgs made them with delete=False
+            for value in dataclasses.asdict(port_args).values():
+                if isinstance(value, str) and value.startswith("ipc://"):
+                    Path(value.removeprefix("ipc://")).unlink(missing_ok=True)
+        atexit.unregister(self.shutdown)
+        self._scheduler = None
+        self.model_runner = None
+        self._weights = None
+        self._engine = None
 
 
 class _ExitThread:
@@ -328,21 +439,52 @@ def _join_threads(prefix: str) -> None:
                 logger.warning("engine thread %s did not stop", thread.name)
 
 
-def _close_sockets(owner: Any, names: Sequence[str]) -> None:
-    for name in names:
-        sock = getattr(owner, name, None)
-        if sock is not None and not sock.closed:
-            sock.close(linger=0)
+def _stop_detokenizer(endpoint: str) -> None:
+    """The detokenizer thread blocks on its socket: send it `_ExitThread` from a socket of
+    our own (the scheduler's may not exist when a start failed half-way)."""
+    context = zmq.Context()
+    sock = context.socket(zmq.PUSH)
+    try:
+        sock.connect(endpoint)
+        sock.send_pyobj(_ExitThread())
+        _join_threads(DETOKENIZER_THREAD_PREFIX)
+    finally:
+        sock.close(linger=0)
+        context.term()
 
 
-async def _cancel_tasks(manager: Any) -> None:
-    """Cancels the tokenizer manager's tasks and closes its sockets (on the engine's loop)."""
+def _alive(prefix: str) -> bool:
+    return any(t.name.startswith(prefix) for t in threading.enumerate())
+
+
+async def _cancel_tasks() -> None:
+    """Cancels the tokenizer manager's tasks (on the engine's loop)."""
     current = asyncio.current_task()
     tasks = [t for t in asyncio.all_tasks() if t is not current]
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
-    _close_sockets(manager, ("recv_from_detokenizer", "send_to_scheduler"))
+
+
+@contextlib.contextmanager
+def _signal_handlers_kept():
+    """Restores the process's SIGQUIT and SIGCHLD handlers after sgl-jax starts. Upstream's
+    (`entrypoints/engine.py::_set_envs_and_config`) kill the whole process tree on SIGQUIT and
+    reap any child process of the trainer on SIGCHLD (`subprocess` then loses its exit codes).
+    The SIGQUITs sgl-jax's own threads send are engine faults instead (`patches`
+    contained_signals)."""
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGQUIT, signal.SIGCHLD)}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+
+def _summary(failures: Sequence[str], total: int, what: str = "requests") -> str:
+    distinct = list(dict.fromkeys(failures))
+    shown = "; ".join(distinct[:3]) + ("; ..." if len(distinct) > 3 else "")
+    return f"{len(failures)} of {total} {what} failed: {shown}"
 
 
 def _on_devices(settings: EngineSettings, available: int) -> EngineSettings:

@@ -6,6 +6,12 @@ and is applied once per process (`apply`); `check_upstream` fails loudly when an
 name or signature it relies on changes. The engine must run with overlap scheduling off
 (`engine.py` forces it): penalties need each request's output ids on the host at every step.
 
+Containment (docs/design.md section 8): no fault on an engine thread may take the trainer's
+process down. `step_guard` keeps a failing step to its own requests; `contained_signals`
+and `watchdog` turn upstream's last resort, SIGQUIT to this process (or its parent), into an
+engine fault that ends the engine alone; our scheduler-side hooks fail their requests
+instead of raising.
+
 - `sampler_class`: `model_executor.model_runner.Sampler` -> `RolloutSampler`. Replaced before
   the Engine is built, so the runner's `initialize_jit` and precompile include our sampler.
 - `worker_batch_rows`: wraps `ScheduleBatch.get_model_worker_batch` to attach our per-row
@@ -19,6 +25,19 @@ name or signature it relies on changes. The engine must run with overlap schedul
 - `native_attention_per_rank`: wraps `NativeAttention.__call__` (the attention sgl-jax uses
   on CPU) so that with dp > 1 each dp rank attends over its own batch section and KV shard
   (`dp_attention.py`); upstream mixes the ranks. One dp rank: upstream runs unchanged.
+- `scheduler_of_engine`: wraps `Scheduler.__init__` to tie the scheduler to the engine that
+  builds it before any of it runs, so a shutdown reaches it from any state of a start.
+- `step_guard`: wraps `Scheduler.run_batch`: a step that raises fails exactly its requests
+  (aborted through upstream's `abort_request`, the error as message) and is run again with
+  neutral greedy rows and the precompiled sampler, so upstream finishes them and frees their
+  cache as for any abort. A second failure is an engine fault.
+- `contained_signals`: `psutil` as `managers.scheduler`, `managers.detokenizer_manager` and
+  `managers.tp_worker` see it: their thread handlers end every exception with
+  `Process().send_signal(SIGQUIT)` (`scheduler.py:2988, 3015, 3037`,
+  `detokenizer_manager.py:344, 362`, `tp_worker.py:314`); here SIGQUIT is an engine fault.
+- `watchdog`: replaces `Scheduler.watchdog_thread` (upstream's loop never exits, so every
+  shut-down scheduler stays alive, and it SIGQUITs `psutil.Process().parent()`, in
+  single-process mode the process that launched the trainer): same rule, engine fault.
 - `idle_wait_and_stop`: wraps `Scheduler.on_idle`: a fully idle scheduler runs the engine's
   `IdleWork` (weight swap, cache flush), then waits on its sockets and on the work pipe
   (upstream spins a core at 100%), and exits its thread when the engine is shut down.
@@ -52,8 +71,12 @@ import functools
 import hashlib
 import inspect
 import logging
+import signal
 import sys
 import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
 import jax
@@ -67,7 +90,6 @@ from sgl_jax_rollout.engine.collector import Collector, StepValues
 from sgl_jax_rollout.engine.dp_attention import per_rank_native_attention
 from sgl_jax_rollout.engine.idle_work import IdleWork
 from sgl_jax_rollout.engine.rows import RequestSpec, build_rows, sampler_config
-from sgl_jax_rollout.sampling.batch import SamplerConfig
 from sgl_jax_rollout.sampling.options import SamplingOptions
 
 logger = logging.getLogger(__name__)
@@ -75,24 +97,57 @@ logger = logging.getLogger(__name__)
 IDLE_WAIT_MS = 50
 _MARK = "__sgl_jax_rollout_patch__"
 _APPLY_LOCK = threading.Lock()
+_END_LOCK = threading.Lock()
 
 
 @dataclasses.dataclass
 class EngineHooks:
-    """What the patches need from the running engine (one engine per process at a time)."""
+    """What the patches need from the running engine (one engine per process at a time).
+
+    `ended` resolves (to the reason, a sentence) when the engine can serve no more: shut down,
+    or stopped by a fault of its own threads (`fault`). Callers wait on it beside their
+    request, so neither a shutdown nor a dead scheduler leaves them waiting forever.
+    """
 
     collector: Collector
     valid_vocab_size: int | None
     stop: threading.Event = dataclasses.field(default_factory=threading.Event)
     idle_work: IdleWork = dataclasses.field(default_factory=IdleWork)
     sockets: list = dataclasses.field(default_factory=list)  # every socket the engine made
+    ended: Future = dataclasses.field(default_factory=Future)
+    released: threading.Event = dataclasses.field(default_factory=threading.Event)
+    on_fault: Callable[[str], None] | None = None
+    error: BaseException | None = None  # the exception behind a fault, when there was one
+    scheduler: Any = None
+    neutral_rows: bool = False  # set while a failed step is re-run with neutral rows
+
+    def end(self, reason: str) -> None:
+        with _END_LOCK:
+            if self.ended.done():
+                return
+            self.ended.set_result(reason)
+
+    def fault(self, reason: str, error: BaseException | None = None) -> None:
+        """An engine thread cannot go on: end the engine (never the process)."""
+        if self.ended.done():
+            return
+        logger.error("the rollout engine stops: %s", reason, exc_info=error)
+        self.error = error
+        self.end(f"the engine stopped after a fault ({reason}); build a new one to go on")
+        if self.on_fault is not None:
+            self.on_fault(reason)
 
 
 _active: EngineHooks | None = None
 
 
-def activate(hooks: EngineHooks) -> None:
+def activate(hooks: EngineHooks, wait_s: float) -> None:
+    """Makes `hooks` the process's engine; a previous engine still shutting down after a
+    fault gets `wait_s` to finish."""
     global _active
+    previous = _active
+    if previous is not None and previous.ended.done():
+        previous.released.wait(wait_s)
     if _active is not None and not _active.stop.is_set():
         raise RuntimeError(
             "another sgl-jax rollout engine is running in this process; shut it down first"
@@ -103,8 +158,10 @@ def activate(hooks: EngineHooks) -> None:
 def deactivate(hooks: EngineHooks) -> None:
     global _active
     hooks.stop.set()
+    hooks.end("the rollout engine was shut down")
     if _active is hooks:
         _active = None
+    hooks.released.set()
 
 
 def _hooks() -> EngineHooks | None:
@@ -118,6 +175,10 @@ _UPSTREAM = {
     "Scheduler.process_batch_result": ("self", "batch", "result"),
     "Scheduler.stream_output": ("self", "reqs", "return_logprob"),
     "Scheduler.on_idle": ("self",),
+    "Scheduler.__init__": ("self", "server_args", "port_args"),
+    "Scheduler.run_batch": ("self", "batch"),
+    "Scheduler.abort_request": ("self", "recv_req"),
+    "Scheduler.watchdog_thread": ("self",),
     "Llama3RotaryEmbedding.__init__": (
         "self",
         "head_size",
@@ -179,6 +240,9 @@ def check_upstream() -> None:
     for module in _socket_modules():
         if not hasattr(module, "get_zmq_socket"):
             problems.append(f"{module.__name__} no longer imports get_zmq_socket")
+    for module in _signalling_modules():
+        if not hasattr(module, "psutil"):
+            problems.append(f"{module.__name__} no longer signals through psutil")
     for name, params in _UPSTREAM.items():
         owner, attr = name.split(".")
         fn = getattr(objects[owner], attr, None)
@@ -219,6 +283,12 @@ def apply() -> None:
             scheduler.faulthandler = _SchedulerFaultHandler()
         for module in _socket_modules():
             _wrap(module, "get_zmq_socket", _engine_socket)
+        for module in _signalling_modules():
+            if not isinstance(module.psutil, _ContainedPsutil):
+                module.psutil = _ContainedPsutil()
+        _wrap(objects["Scheduler"], "__init__", _scheduler_of_engine)
+        _wrap(objects["Scheduler"], "run_batch", _step_guard)
+        _wrap(objects["Scheduler"], "watchdog_thread", _watchdog)
         _wrap(objects["ScheduleBatch"], "get_model_worker_batch", _worker_batch_rows)
         _wrap_classmethod(
             objects["SamplingMetadata"], "from_model_worker_batch", _sampling_metadata_rows
@@ -235,6 +305,12 @@ def _socket_modules() -> list[Any]:
     from sgl_jax.srt.managers import detokenizer_manager, scheduler, tokenizer_manager
 
     return [engine, scheduler, tokenizer_manager, detokenizer_manager]
+
+
+def _signalling_modules() -> list[Any]:
+    from sgl_jax.srt.managers import detokenizer_manager, scheduler, tp_worker
+
+    return [scheduler, detokenizer_manager, tp_worker]
 
 
 def _wrap(owner: Any, name: str, wrapper) -> None:
@@ -305,6 +381,11 @@ def _worker_batch_rows(original, self, *args, **kwargs):
     hooks = _hooks()
     if hooks is None:
         return mwb
+    padded = len(mwb.sampling_info.temperatures)
+    if hooks.neutral_rows:  # a failed step run again: greedy rows, the precompiled config
+        config = sampler_config([], hooks.valid_vocab_size)
+        mwb.rollout_rows = (config, build_rows([], [], [], padded, config))
+        return mwb
     reqs = _requests_by_row(self)
     registered, specs = [], []
     for req in reqs:
@@ -312,8 +393,7 @@ def _worker_batch_rows(original, self, *args, **kwargs):
         if spec is not None:
             registered.append(spec)
         specs.append(spec or (None if req is None else _fallback_spec(req)))
-    config = _batch_config(registered, hooks)
-    padded = len(mwb.sampling_info.temperatures)
+    config = sampler_config(registered, hooks.valid_vocab_size)
     prompts = [[] if req is None else req.origin_input_ids for req in reqs]
     outputs = [[] if req is None else req.output_ids for req in reqs]
     mwb.rollout_rows = (config, build_rows(specs, prompts, outputs, padded, config))
@@ -330,16 +410,6 @@ def _requests_by_row(batch: Any) -> list[Any]:
             rows += [None] * (rank * batch.per_dp_bs_size - len(rows))
         rows += list(info.reqs or [])
     return rows
-
-
-def _batch_config(specs: list[RequestSpec], hooks: EngineHooks) -> SamplerConfig:
-    try:
-        return sampler_config(specs, hooks.valid_vocab_size)
-    except ValueError:
-        # The engine serialises calls so this cannot happen through it; never kill the
-        # scheduler thread for it (upstream then SIGQUITs the whole process).
-        logger.error("mixed output modes in one batch; using the first request's mode")
-        return sampler_config(specs[:1], hooks.valid_vocab_size)
 
 
 def _fallback_spec(req: Any) -> RequestSpec:
@@ -389,26 +459,31 @@ def _sampling_metadata_rows(original, batch, pad_size=0, mesh=None, vocab_size=3
 
 
 def _step_values(original, self, batch, result, *args, **kwargs):
-    """step_values: give the collector this step's per-row values, then process the result."""
+    """step_values: give the collector this step's per-row values, then process the result.
+
+    A failure here fails the batch's requests (`_fail_requests`); the step is still processed,
+    so upstream finishes them and frees their cache."""
     from sgl_jax_rollout.engine.sampler_module import RolloutLogitsOutput
 
     hooks = _hooks()
     out = getattr(result, "logits_output", None)
     if hooks is None or not isinstance(out, RolloutLogitsOutput):
         return original(self, batch, result, *args, **kwargs)
-    rows = _requests_by_row(batch)
-    filled = [i for i, req in enumerate(rows) if req is not None]
-    # Upstream's tp_worker has already gathered `next_token_logprobs` to these rows (its
-    # `logits_indices_selector`: the requests in row order, padding dropped); our own
-    # outputs still have every padded row, so gather them the same way.
-    values = StepValues(
-        logprobs=_host(out.next_token_logprobs),
-        entropy=_host(out.rollout_entropy, filled),
-        top_logprob_ids=_host(out.rollout_top_logprob_ids, filled),
-        top_logprobs=_host(out.rollout_top_logprobs, filled),
-    )
-    reqs = [rows[i] for i in filled]
-    hooks.collector.stash_step(reqs, values)
+    try:
+        rows = _requests_by_row(batch)
+        filled = [i for i, req in enumerate(rows) if req is not None]
+        # Upstream's tp_worker has already gathered `next_token_logprobs` to these rows (its
+        # `logits_indices_selector`: the requests in row order, padding dropped); our own
+        # outputs still have every padded row, so gather them the same way.
+        values = StepValues(
+            logprobs=_host(out.next_token_logprobs),
+            entropy=_host(out.rollout_entropy, filled),
+            top_logprob_ids=_host(out.rollout_top_logprob_ids, filled),
+            top_logprobs=_host(out.rollout_top_logprobs, filled),
+        )
+        hooks.collector.stash_step([rows[i] for i in filled], values)
+    except Exception as err:
+        _fail_requests(self, _batch_requests(batch), hooks, "collecting sampler values", err)
     try:
         return original(self, batch, result, *args, **kwargs)
     finally:
@@ -423,21 +498,144 @@ def _host(x, rows: list[int] | None = None) -> np.ndarray | None:
 
 
 def _record_before_stream(original, self, reqs, *args, **kwargs):
-    """record_before_stream: record new per-token values, finalise finished requests."""
+    """record_before_stream: record new per-token values, finalise finished requests; a
+    failure fails these requests, and the output is streamed all the same."""
     hooks = _hooks()
     if hooks is not None:
-        hooks.collector.record(reqs)
+        try:
+            hooks.collector.record(reqs)
+        except Exception as err:
+            _fail_requests(self, list(reqs), hooks, "recording per-token values", err)
     return original(self, reqs, *args, **kwargs)
+
+
+def _scheduler_of_engine(original, self, *args, **kwargs):
+    """scheduler_of_engine: tie the scheduler to the engine building it before anything of it
+    runs (its watchdog starts inside `__init__`), so a shutdown reaches it from any state."""
+    hooks = _hooks()
+    self._sgl_jax_rollout_hooks = hooks
+    if hooks is not None:
+        hooks.scheduler = self
+    original(self, *args, **kwargs)
+
+
+def _step_guard(original, self, batch, *args, **kwargs):
+    """step_guard: a step that raises (our row building, a sampler compile, the forward)
+    fails exactly its requests: they are aborted with the error as message, and the step is
+    run again with neutral greedy rows (the precompiled sampler) so that upstream finishes
+    them and frees their cache as for any abort. If that run raises too, the engine cannot
+    go on: the exception reaches upstream's loop handler, whose SIGQUIT `contained_signals`
+    turns into an engine fault."""
+    hooks = _hooks()
+    if hooks is None or hooks.neutral_rows:
+        return original(self, batch, *args, **kwargs)
+    try:
+        return original(self, batch, *args, **kwargs)
+    except Exception as err:
+        _fail_requests(self, _batch_requests(batch), hooks, "an engine step", err)
+    hooks.neutral_rows = True
+    try:
+        return original(self, batch, *args, **kwargs)
+    finally:
+        hooks.neutral_rows = False
+
+
+def _batch_requests(batch: Any) -> list[Any]:
+    return [req for req in _requests_by_row(batch) if req is not None]
+
+
+def _fail_requests(scheduler: Any, reqs: list[Any], hooks: EngineHooks, stage: str, err) -> None:
+    """Ends `reqs` with an abort whose message names the failure (upstream's own abort path:
+    queues, chunked prefill, cache release); their callers get that message."""
+    from sgl_jax.srt.managers.io_struct import AbortReq
+    from sgl_jax.srt.managers.schedule_batch import FINISH_ABORT
+
+    message = f"{stage} failed: {type(err).__name__}: {err}"
+    logger.error(
+        "%s; failing its %d request(s), the engine goes on", message, len(reqs), exc_info=err
+    )
+    hooks.collector.fail([req.rid for req in reqs], message)
+    for req in reqs:
+        if req.finished():
+            continue
+        scheduler.abort_request(AbortReq(rid=req.rid))
+        req.to_finish = FINISH_ABORT(message)
+
+
+def _watchdog(original, self):
+    """watchdog: replaces `Scheduler.watchdog_thread` (not called): the same rule, no step
+    finished for `watchdog_timeout` seconds while a batch is current, ends the engine with a
+    fault. Upstream's loop never exits (it keeps every shut-down scheduler alive) and then
+    SIGQUITs `psutil.Process().parent()`, in single-process mode the process that started
+    the trainer."""
+    del original
+    hooks = self._sgl_jax_rollout_hooks
+    if hooks is None:
+        return
+    timeout = float(self.server_args.watchdog_timeout)
+    last_count, last_time = -1, time.perf_counter()
+    while not hooks.stop.wait(min(timeout / 4, 5.0)):
+        now = time.perf_counter()
+        count = getattr(self, "forward_ct", 0)
+        if getattr(self, "cur_batch", None) is None or count != last_count:
+            last_count, last_time = count, now
+        elif now - last_time > timeout:
+            hooks.fault(f"no engine step finished in {timeout:.0f}s (watchdog_timeout)")
+            return
+
+
+class _ContainedPsutil:
+    """contained_signals: `psutil` as sgl-jax's scheduler, detokenizer and model worker modules
+    see it. Their thread handlers end every exception with `Process().send_signal(SIGQUIT)` to
+    this process (whose handler upstream kills the whole process tree) or to its parent; here
+    that signal becomes a fault of the running engine instead, with the exception being
+    handled as its cause. Other signals pass through."""
+
+    def __getattr__(self, name: str) -> Any:
+        import psutil
+
+        return getattr(psutil, name)
+
+    def Process(self, *args: Any, **kwargs: Any) -> _ContainedProcess:  # noqa: N802
+        import psutil
+
+        return _ContainedProcess(psutil.Process(*args, **kwargs))
+
+
+class _ContainedProcess:
+    def __init__(self, process: Any) -> None:
+        self._process = process
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._process, name)
+
+    def parent(self) -> _ContainedProcess | None:
+        parent = self._process.parent()
+        return None if parent is None else _ContainedProcess(parent)
+
+    def send_signal(self, sig: int) -> None:
+        if sig != signal.SIGQUIT:
+            self._process.send_signal(sig)
+            return
+        error = sys.exc_info()[1]
+        where = threading.current_thread().name
+        reason = f"{where}: {type(error).__name__}: {error}" if error else f"{where} failed"
+        hooks = _hooks()
+        if hooks is None:
+            logger.error("an sgl-jax thread failed after its engine stopped: %s", reason)
+            return
+        hooks.fault(reason, error)
 
 
 def _idle_wait_and_stop(original, self, *args, **kwargs):
     """idle_wait_and_stop: run idle work, wait on the sockets; leave the loop on shutdown."""
     result = original(self, *args, **kwargs)
-    hooks = _hooks()
-    stopping = getattr(self, "_sgl_jax_rollout_stop", None)
-    if stopping is not None and stopping.is_set():
+    hooks = getattr(self, "_sgl_jax_rollout_hooks", None)
+    if hooks is None:
+        return result
+    if hooks.stop.is_set():
         raise SystemExit  # ends this scheduler thread quietly (threading ignores SystemExit)
-    if hooks is None or not self.is_fully_idle():
+    if not self.is_fully_idle():
         return result
     hooks.idle_work.run_pending(self)
     sockets = [getattr(self, n, None) for n in ("recv_from_tokenizer", "recv_from_rpc")]

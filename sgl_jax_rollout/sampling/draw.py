@@ -26,9 +26,7 @@ _MAX_BLOCK = 4096
 
 def row_uniforms(keys: UInt32[Array, "batch 2"]) -> Float[Array, " batch"]:
     """One U[0, 1) number per row from its `KEY_IMPL` key data."""
-    return jax.vmap(lambda k: jax.random.uniform(jax.random.wrap_key_data(k, impl=KEY_IMPL)))(
-        keys
-    )
+    return jax.vmap(lambda k: jax.random.uniform(jax.random.wrap_key_data(k, impl=KEY_IMPL)))(keys)
 
 
 def inverse_cdf(

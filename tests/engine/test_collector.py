@@ -89,13 +89,27 @@ def test_two_new_tokens_in_one_step_mark_the_request_as_broken():
     assert "2 new token(s)" in c.take("r").error
 
 
-def test_take_without_completion_raises_and_forget_clears_everything():
+def test_take_without_completion_gives_none_and_forget_clears_everything():
     c = Collector()
     c.register("r", spec())
-    with pytest.raises(RuntimeError, match="without a recorded completion"):
-        c.take("r")
+    assert c.take("r") is None and empty(c)
     c.register("s", spec())
     c.forget(["s"])
+    assert empty(c)
+
+
+def test_a_failed_step_ends_its_requests_with_the_error_and_records_nothing_more():
+    c = Collector()
+    a, b = FakeReq("a"), FakeReq("b")
+    c.register("a", spec())
+    c.register("b", spec())
+    step(c, [a, b], [4, 5], [-1.0, -2.0], [0.1, 0.2])
+    c.fail(["a", "not-ours"], "an engine step failed: ValueError: boom")
+    a.finished_reason = b.finished_reason = Reason()
+    step(c, [a, b], [6, 7], [-3.0, -4.0], [0.3, 0.4])  # a's later values are ignored
+    failed = c.take("a")
+    assert failed.error == "an engine step failed: ValueError: boom" and failed.tokens == []
+    assert c.take("b").tokens == [5, 7] and c.take("not-ours") is None
     assert empty(c)
 
 

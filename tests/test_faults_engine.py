@@ -1,0 +1,163 @@
+"""Faults inside the engine fail exactly the requests of their step; the engine goes on.
+
+Each test injects a fault into OUR code on the scheduler thread (row building, the collector,
+the sampler's trace) with `monkeypatch`, on the real shared engine: these are fault
+injections around a real engine, not test doubles of it. After every fault the call raises a
+RuntimeError naming it, the per-request stores are empty (`stores_empty_after` in
+conftest.py), and the next call returns what it returned before the fault.
+
+Named to run before tests/test_rollout.py, whose last test shuts the shared engine down.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from sgl_jax_rollout.engine import patches, sampler_module
+from sgl_jax_rollout.engine.collector import Collector
+from sgl_jax_rollout.tunix_compat import RolloutConfig
+
+pytestmark = pytest.mark.engine
+
+PROMPTS = ["the quick brown fox", "1 2 3 4 5 6 7 8"]
+MARK_T = 0.625  # a temperature no other test uses: marks the requests a fault targets
+
+
+def config(**changes) -> RolloutConfig:
+    base = dict(
+        max_tokens_to_generate=12,
+        max_prompt_length=32,
+        temperature=1.0,
+        seed=5,
+        return_logprobs=True,
+    )
+    return RolloutConfig(**{**base, **changes})
+
+
+@pytest.fixture(autouse=True)
+def no_sigquit():
+    """Fails a test during which anything sends this process SIGQUIT."""
+    received = []
+    previous = signal.signal(signal.SIGQUIT, lambda *_: received.append(1))
+    yield
+    signal.signal(signal.SIGQUIT, previous)
+    assert not received, "the process received SIGQUIT"
+
+
+@pytest.fixture
+def reference(rollout):
+    out = rollout.generate(PROMPTS, config())
+    return [t.tolist() for t in out.tokens], out.logprobs
+
+
+def still_serving(rollout, reference):
+    out = rollout.generate(PROMPTS, config())
+    assert [t.tolist() for t in out.tokens] == reference[0]
+    for got, want in zip(out.logprobs, reference[1], strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-6)
+
+
+def test_a_raising_row_builder_fails_its_requests_only(rollout, reference, monkeypatch):
+    original = patches.build_rows
+
+    def build_rows(specs, *args):
+        if any(s is not None and s.options.temperature == MARK_T for s in specs):
+            raise ValueError("injected row fault")
+        return original(specs, *args)
+
+    monkeypatch.setattr(patches, "build_rows", build_rows)
+    with pytest.raises(
+        RuntimeError,
+        match=r"2 of 2 requests failed: an engine step failed: "
+        r"ValueError: injected row fault",
+    ):
+        rollout.generate(PROMPTS, config(temperature=MARK_T))
+    still_serving(rollout, reference)
+
+
+@pytest.mark.parametrize("hook", ["record", "stash_step"])
+def test_a_raising_collector_fails_its_requests_only(rollout, reference, monkeypatch, hook):
+    original = getattr(Collector, hook)
+    calls = []
+
+    def failing(self, *args):
+        calls.append(1)
+        if len(calls) == 3:  # mid-generation: some tokens were recorded already
+            raise KeyError("injected collector fault")
+        return original(self, *args)
+
+    monkeypatch.setattr(Collector, hook, failing)
+    with pytest.raises(RuntimeError, match="injected collector fault"):
+        rollout.generate(PROMPTS, config())
+    monkeypatch.setattr(Collector, hook, original)
+    still_serving(rollout, reference)
+
+
+def test_a_sampler_that_fails_to_compile_fails_its_requests_only(rollout, reference, monkeypatch):
+    original = sampler_module.sample
+
+    def sample(logits, batch, config):
+        if config.top_logprobs == 5:  # raised while tracing: no program for this config
+            raise TypeError("injected compile fault")
+        return original(logits, batch, config=config)
+
+    monkeypatch.setattr(sampler_module, "sample", sample)
+    with pytest.raises(RuntimeError, match="injected compile fault"):
+        rollout.generate(PROMPTS, config(), top_logprobs=5)
+    still_serving(rollout, reference)
+    monkeypatch.setattr(sampler_module, "sample", original)
+    rollout.generate(PROMPTS, config(), top_logprobs=5)  # no failure was cached
+
+
+def test_a_fault_while_scoring_fails_the_scoring_call_only(rollout, reference, monkeypatch):
+    out = rollout.generate(PROMPTS, config())
+    width = max(len(t) for t in out.tokens)
+    completions = np.full((len(PROMPTS), width), rollout.pad_id(), np.int32)
+    for i, t in enumerate(out.tokens):
+        completions[i, : len(t)] = t
+    before = np.asarray(rollout.get_per_token_logps(out.left_padded_prompt_tokens, completions))
+
+    def fallback_spec(req):
+        raise ValueError("injected scoring fault")
+
+    monkeypatch.setattr(patches, "_fallback_spec", fallback_spec)
+    with pytest.raises(RuntimeError, match="2 of 2 scoring failed: .*injected scoring fault"):
+        rollout.get_per_token_logps(out.left_padded_prompt_tokens, completions)
+    monkeypatch.undo()
+    after = np.asarray(rollout.get_per_token_logps(out.left_padded_prompt_tokens, completions))
+    np.testing.assert_array_equal(after, before)
+    still_serving(rollout, reference)
+
+
+def test_an_abort_in_the_middle_of_a_batch_ends_the_call_and_the_engine_goes_on(rollout, reference):
+    errors: list[BaseException] = []
+    started = time.perf_counter()
+
+    def long_call():
+        try:
+            rollout.generate(
+                PROMPTS * 2,
+                config(max_tokens_to_generate=400, max_prompt_length=64),
+                ignore_eos=True,
+            )
+        except BaseException as err:
+            errors.append(err)
+
+    caller = threading.Thread(target=long_call)
+    caller.start()
+    engine = rollout.engine
+    while engine.store_sizes()["records"] == 0 and caller.is_alive():
+        time.sleep(0.01)
+    time.sleep(1.0)  # some decode steps ran: requests are in the running batch
+    engine.abort("test abort")
+    caller.join(60)
+    assert not caller.is_alive()
+    assert len(errors) == 1 and isinstance(errors[0], RuntimeError), errors
+    assert "4 of 4 requests failed: aborted: test abort" in str(errors[0])
+    assert time.perf_counter() - started < 30  # 400 tokens each would take far longer
+    still_serving(rollout, reference)
