@@ -92,18 +92,22 @@ class SglangJaxRollout(BaseRollout):
         self._logged_options = False
         self._rollout_config = rollout_config
         self._fresh_seeds = np.random.default_rng(seed)
-        self._engine = RolloutEngine(model_path, settings)
-        self._tokenizer = TokenizerAdapter(tokenizer or self._engine.tokenizer)
-        self._model_eos = inputs.eos_ids(model_path, self._tokenizer.eos_id())
-        self._model_path = model_path
-        self._actor = rollout_actor
         if lora_scaling is None:
             lora_scaling = getattr(rollout_config, "rollout_sglang_jax_lora_scaling", None)
         self._lora_scaling = lora_scaling
-        if rollout_actor is not None and sync_actor_weights:
-            from flax import nnx
+        self._model_path = model_path
+        self._actor = rollout_actor
+        self._engine = RolloutEngine(model_path, settings)
+        try:  # a failure from here on must not leave the engine running
+            self._tokenizer = TokenizerAdapter(tokenizer or self._engine.tokenizer)
+            self._model_eos = inputs.eos_ids(model_path, self._tokenizer.eos_id())
+            if rollout_actor is not None and sync_actor_weights:
+                from flax import nnx
 
-            self.update_params(nnx.state(rollout_actor, nnx.Param))
+                self.update_params(nnx.state(rollout_actor, nnx.Param))
+        except BaseException:
+            self._engine.shutdown()
+            raise
 
     @property
     def engine(self):
@@ -157,13 +161,19 @@ class SglangJaxRollout(BaseRollout):
             ),
         )
 
-    def session(self, track_tree: bool = False, rollout_config: RolloutConfig | None = None):
+    def session(
+        self,
+        track_tree: bool = False,
+        rollout_config: RolloutConfig | None = None,
+        strict: bool = False,
+    ):
         """A managed multi-turn session (`sgl_jax_rollout.session`) on this rollout.
 
         Use as `with rollout.session() as s:`; `s.complete(text or ids, n=, **overrides)`,
-        `s.chat(messages, n=, **overrides)`, `s.state()`, `s.trajectories()`. Sampling uses
-        `rollout_config` (default: the constructor's) and per-call `SamplingOptions`
-        overrides; prompts are never truncated (a too long one raises).
+        `s.chat(messages, n=, **overrides)`, `s.chat_extend(node, new_messages, ...)`,
+        `s.state()`, `s.trajectories()`. Sampling uses `rollout_config` (default: the
+        constructor's) and per-call `SamplingOptions` overrides; prompts are never truncated (a
+        too long one raises). `strict=True`: a prompt that extends no node raises (else warns).
         """
         from sgl_jax_rollout.session import Sampled, Session
 
@@ -185,7 +195,13 @@ class SglangJaxRollout(BaseRollout):
                 Sampled(c.tokens, c.logprobs, c.entropy, str(c.finish_reason)) for c in completions
             ]
 
-        return Session(sample, self._engine.tokenizer, track_tree=track_tree)
+        return Session(
+            sample,
+            self._engine.tokenizer,
+            track_tree=track_tree,
+            strict=strict,
+            vocab_size=self._engine.vocab_size,
+        )
 
     def _call_options(
         self, rollout_config: RolloutConfig, kwargs: Mapping[str, Any]
@@ -218,7 +234,7 @@ class SglangJaxRollout(BaseRollout):
         rollout_config: RolloutConfig,
     ) -> tuple[list[Any], list[int]]:
         """One completion per row (row r sampled with seeds[r]); also the held-back stop ids."""
-        eos = [int(t) for t in rollout_config.eos_tokens or []]
+        eos = inputs.eos_token_list(rollout_config.eos_tokens, self._engine.vocab_size)
         if options.ignore_eos and (eos or options.stop_token_ids):
             raise ValueError(
                 "ignore_eos=True cannot be combined with stop_token_ids or eos_tokens: the "
@@ -247,7 +263,8 @@ class SglangJaxRollout(BaseRollout):
 
     def _prompt_ids(self, text: str, max_length: int, index: int) -> list[int]:
         ids = self._tokenizer.encode(str(text))  # tunix's learners pass numpy str_ items
-        bos = [self._tokenizer.bos_id()] if self._tokenizer.bos_id() else []
+        bos_id = self._tokenizer.bos_id()
+        bos = [] if bos_id is None or bos_id < 0 else [bos_id]  # 0 is a real id; SP says -1
         ids = self._tokenizer.dedup_bos_ids(bos + list(ids))
         ids, dropped = inputs.truncate_left(ids, max_length)
         if dropped:

@@ -8,6 +8,14 @@ re-tokenised. Per docs/design.md section 4, prompt and environment positions hol
 logprob and its entropy. Default mode replaces the extended node; tree mode (`track_tree`)
 keeps every node, keyed and linked to its parent. `n > 1` branches into n nodes.
 
+A prompt that extends no node (while the session tracks one) starts a new root node: its
+earlier sampled tokens are re-tokenised and masked as prompt. That is what happens when a chat
+is re-rendered from text and the text differs from what was sampled (Qwen3's template drops
+earlier <think> blocks; a reply decoded with skip_special_tokens=True), so it logs a WARNING
+naming the closest node and the first differing character (or token); `strict=True` raises
+ValueError instead. `chat_extend(node, new_messages)` extends a node by token ids, so it cannot
+mismatch. Token-id prompts are checked against `vocab_size` before the engine is called.
+
 The engine is reached through one callable, `sample(prompt_ids, n, overrides)`, which
 returns n `Sampled` completions; `SglangJaxRollout.session()` passes its own.
 """
@@ -16,6 +24,8 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
+import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -23,6 +33,14 @@ MASK_ID = -100
 PROMPT_LOGPROB = 1.0
 PROMPT_ENTROPY = 0.0
 CHAT_ROLES = ("system", "user", "assistant", "tool")
+# chat_extend renders new messages after this conversation and keeps what follows its reply.
+REFERENCE_REPLY = "REFERENCE_REPLY"
+REFERENCE_CHAT = [
+    {"role": "user", "content": "REFERENCE_QUERY"},
+    {"role": "assistant", "content": REFERENCE_REPLY},
+]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,10 +81,19 @@ Sampler = Callable[[list[int], int, dict[str, Any]], Sequence[Sampled]]
 class Session:
     """Use as a context manager (`with rollout.session() as s:`); see the module docstring."""
 
-    def __init__(self, sample: Sampler, tokenizer: Any, track_tree: bool = False) -> None:
+    def __init__(
+        self,
+        sample: Sampler,
+        tokenizer: Any,
+        track_tree: bool = False,
+        strict: bool = False,
+        vocab_size: int | None = None,
+    ) -> None:
         self._sample = sample
         self._tokenizer = tokenizer
         self.track_tree = track_tree
+        self.strict = strict  # a prompt that extends no node raises instead of warning
+        self.vocab_size = vocab_size
         self._nodes: dict[str, Node] = {}
         self._leaves: list[str] = []  # nodes a new request may extend, oldest first
         self._keys = itertools.count()
@@ -86,10 +113,50 @@ class Session:
     # Requests.
     def complete(self, prompt: str | Sequence[int], n: int = 1, **overrides: Any) -> list[Node]:
         """Samples n continuations of `prompt` (text or token ids); returns their nodes."""
-        self._check_open()
-        if not isinstance(n, int) or n < 1:
-            raise ValueError(f"n must be an int >= 1, got {n!r}")
+        self._check_request(n)
+        if not isinstance(prompt, str):
+            prompt = self._token_ids(prompt)
         parent, prefix, suffix = self._match(prompt)
+        return self._extend(parent, prefix, suffix, n, overrides)
+
+    def chat(self, messages: Sequence[dict[str, str]], n: int = 1, **overrides: Any) -> list[Node]:
+        """`complete` on the tokenizer's chat template of `messages` (generation prompt added)."""
+        self._check_request(n)
+        self._check_chat(messages)
+        text = self._tokenizer.apply_chat_template(
+            list(messages), tokenize=False, add_generation_prompt=True
+        )
+        return self.complete(text, n=n, **overrides)
+
+    def chat_extend(
+        self,
+        node_or_key: Node | str,
+        messages: Sequence[dict[str, str]],
+        n: int = 1,
+        **overrides: Any,
+    ) -> list[Node]:
+        """Extends a leaf node by `messages`, only the new ones (a tool result, a user turn), by
+        token ids, so it cannot mismatch: the node's tokens, the end of the assistant turn the
+        chat template writes and the reply did not end with (ChatML's '\\n' after '<|im_end|>'),
+        then the new messages as the template renders them, generation prompt included. The
+        way to continue a chat whose template rewrites earlier turns (Qwen3 drops <think>)."""
+        self._check_request(n)
+        node = self._leaf(node_or_key)
+        self._check_chat(messages)
+        turn_end, new_ids = self._render_after_reply(messages)
+        # the sampled reply usually ends with the start of turn_end already (its EOS)
+        ends = (k for k in range(len(turn_end), 0, -1) if node.tokens[-k:] == turn_end[:k])
+        done = next(ends, 0)
+        return self._extend(node, list(node.tokens), turn_end[done:] + new_ids, n, overrides)
+
+    def _extend(
+        self,
+        parent: Node | None,
+        prefix: list[int],
+        suffix: list[int],
+        n: int,
+        overrides: dict[str, Any],
+    ) -> list[Node]:
         prompt_ids = prefix + suffix
         if not prompt_ids:
             raise ValueError("the prompt is empty")
@@ -109,22 +176,6 @@ class Session:
         self._leaves.extend(node.key for node in nodes)
         return nodes
 
-    def chat(self, messages: Sequence[dict[str, str]], n: int = 1, **overrides: Any) -> list[Node]:
-        """`complete` on the tokenizer's chat template of `messages` (generation prompt added)."""
-        self._check_open()
-        for i, message in enumerate(messages):
-            if not isinstance(message, dict) or message.get("role") not in CHAT_ROLES:
-                role = message.get("role") if isinstance(message, dict) else message
-                raise ValueError(f"messages[{i}]: role must be one of {CHAT_ROLES}, got {role!r}")
-        if not getattr(self._tokenizer, "chat_template", None):
-            raise ValueError(
-                "chat needs a tokenizer with a chat template; this one has none (use complete)"
-            )
-        text = self._tokenizer.apply_chat_template(
-            list(messages), tokenize=False, add_generation_prompt=True
-        )
-        return self.complete(text, n=n, **overrides)
-
     def state(self) -> dict[str, Node]:
         """Every tracked node by key (tree mode: the whole tree; default: the current nodes)."""
         return dict(self._nodes)
@@ -143,31 +194,123 @@ class Session:
             for node in (self._nodes[k] for k in self._leaves)
         ]
 
-    # Tracking.
+    # Checks.
     def _check_open(self) -> None:
         if not self._open:
             raise RuntimeError(
                 "this session is not open: use it inside `with rollout.session() as s:`"
             )
 
-    def _match(self, prompt: str | Sequence[int]) -> tuple[Node | None, list[int], list[int]]:
+    def _check_request(self, n: int) -> None:
+        self._check_open()
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ValueError(f"n must be an int >= 1, got {n!r}")
+
+    def _check_chat(self, messages: Sequence[dict[str, str]]) -> None:
+        for i, message in enumerate(messages):
+            if not isinstance(message, dict) or message.get("role") not in CHAT_ROLES:
+                role = message.get("role") if isinstance(message, dict) else message
+                raise ValueError(f"messages[{i}]: role must be one of {CHAT_ROLES}, got {role!r}")
+        if not getattr(self._tokenizer, "chat_template", None):
+            raise ValueError(
+                "chat needs a tokenizer with a chat template; this one has none (use complete)"
+            )
+
+    def _token_ids(self, prompt: Sequence[int]) -> list[int]:
+        """`prompt` as ints, each a token id of the vocabulary (checked before the engine)."""
+        prompt, top = list(prompt), self.vocab_size
+        ids = [_as_int(token) for token in prompt]
+        for i, token in enumerate(ids):
+            if token is None or token < 0 or (top is not None and token >= top):
+                allowed = f"in [0, {top})" if top is not None else ">= 0"
+                raise ValueError(
+                    f"prompt[{i}] = {prompt[i]!r}: a token id must be an integer {allowed}"
+                )
+        return ids
+
+    def _leaf(self, node_or_key: Node | str) -> Node:
+        """The tracked leaf `node_or_key` names (a node or its key)."""
+        key = node_or_key.key if isinstance(node_or_key, Node) else node_or_key
+        if key not in self._nodes:
+            raise ValueError(f"no node {key!r} in this session; its nodes: {list(self._nodes)}")
+        node = self._nodes[key]
+        stale = isinstance(node_or_key, Node) and node_or_key.tokens != node.tokens
+        if key not in self._leaves or stale:
+            raise ValueError(
+                f"node {key!r} is not a current leaf (it has been extended since); extend one of "
+                f"{self._leaves}, as the latest call returned it"
+            )
+        return node
+
+    # Tracking.
+    def _render_after_reply(self, messages: Sequence[dict]) -> tuple[list[int], list[int]]:
+        """(ids that end an assistant turn, ids of `messages` after it with the generation
+        prompt), as the chat template renders them after REFERENCE_CHAT's reply."""
+        if not messages:
+            raise ValueError("chat_extend needs at least one new message")
+        render = self._tokenizer.apply_chat_template
+        alone = render(REFERENCE_CHAT, tokenize=False)
+        full = render(REFERENCE_CHAT + list(messages), tokenize=False, add_generation_prompt=True)
+        if REFERENCE_REPLY not in alone or REFERENCE_REPLY not in full:
+            raise ValueError("chat_extend needs a chat template that renders assistant replies")
+        # Only what follows the reply must agree: Qwen3's template writes an empty <think> block
+        # before the reply while it is the last message, so `alone` is no prefix of `full`.
+        turn_end = alone[alone.index(REFERENCE_REPLY) + len(REFERENCE_REPLY) :]
+        after = full[full.index(REFERENCE_REPLY) + len(REFERENCE_REPLY) :]
+        if not after.startswith(turn_end):
+            raise ValueError(
+                f"chat_extend cannot use this chat template: it ends an assistant turn with "
+                f"{turn_end!r} when the turn is last but with {after[: len(turn_end)]!r} when "
+                "messages follow; extend by token ids: complete(node.tokens + new_ids)"
+            )
+        return self._encode(turn_end), self._encode(after[len(turn_end) :])
+
+    def _match(self, prompt: str | list[int]) -> tuple[Node | None, list[int], list[int]]:
         """(node extended or None, its tokens, the new prompt tokens after them)."""
         if isinstance(prompt, str):
             for key in reversed(self._leaves):
                 node = self._nodes[key]
                 if prompt.startswith(node.full_text):
                     return node, list(node.tokens), self._encode(prompt[len(node.full_text) :])
+            self._no_match(prompt)
             return None, [], self._encode(prompt)
-        ids = [int(t) for t in prompt]
         extended = [
             self._nodes[key]
             for key in self._leaves
-            if ids[: len(self._nodes[key].tokens)] == self._nodes[key].tokens
+            if prompt[: len(self._nodes[key].tokens)] == self._nodes[key].tokens
         ]
         best = max(extended, key=lambda node: len(node.tokens), default=None)
         if best is None:
-            return None, [], ids
-        return best, list(best.tokens), ids[len(best.tokens) :]
+            self._no_match(prompt)
+            return None, [], prompt
+        return best, list(best.tokens), prompt[len(best.tokens) :]
+
+    def _no_match(self, prompt: str | list[int]) -> None:
+        """Warns (strict: raises) that `prompt` extends no node, unless none is tracked yet."""
+        if not self._leaves:
+            return
+        text = isinstance(prompt, str)
+
+        def seen(node: Node) -> str | list[int]:
+            return node.full_text if text else node.tokens
+
+        def shared(node: Node) -> int:
+            pairs = enumerate(zip(seen(node), prompt, strict=False))
+            return next((i for i, (a, b) in pairs if a != b), min(len(seen(node)), len(prompt)))
+
+        closest = max((self._nodes[key] for key in reversed(self._leaves)), key=shared)
+        at, width = shared(closest), 40 if text else 8
+        message = (
+            f"the prompt extends no node of this session: the closest, node {closest.key!r}, "
+            f"differs from it at {'character' if text else 'token'} {at}: node has "
+            f"{seen(closest)[at : at + width]!r} vs prompt has {prompt[at : at + width]!r}. "
+            "Without strict=True it starts a new root node: the earlier sampled tokens are "
+            "re-tokenised and masked as prompt. Extend by token ids instead: "
+            "chat_extend(node, new_messages) or complete(node.tokens + new_ids)."
+        )
+        if self.strict:
+            raise ValueError(message)
+        logger.warning(message)
 
     def _encode(self, text: str) -> list[int]:
         return list(self._tokenizer.encode(text, add_special_tokens=False)) if text else []
@@ -199,3 +342,13 @@ class Session:
         node.full_text = self._tokenizer.decode(node.tokens, skip_special_tokens=False)
         self._nodes[key] = node
         return node
+
+
+def _as_int(token: Any) -> int | None:
+    """`token` as an int; None when it is no integer (a bool, numpy's included, is none)."""
+    if isinstance(token, bool) or getattr(getattr(token, "dtype", None), "kind", "") == "b":
+        return None
+    try:
+        return operator.index(token)
+    except TypeError:
+        return None
