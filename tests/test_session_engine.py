@@ -27,16 +27,14 @@ def test_three_turn_chat_stays_aligned_with_rescoring(tiny_dir, trainer):
     # temperature 1, no truncation: processed logprobs are the model's own log-softmax
     config = RolloutConfig(max_tokens_to_generate=12, temperature=1.0, top_p=1.0, seed=3)
     try:
-        messages = [{"role": "user", "content": "what is the weather"}]
-        with rollout.session(track_tree=True, rollout_config=config) as s:
-            for turn in range(3):
-                (node,) = s.chat(messages)
-                a, b = node.metadata["turns"][-1]
-                reply = s._tokenizer.decode(node.tokens[a:b], skip_special_tokens=True)
-                messages = messages + [
-                    {"role": "assistant", "content": reply},
-                    {"role": "tool", "content": f"result {turn}"},
-                ]
+        # strict: a turn that failed to extend the previous node would raise
+        with rollout.session(track_tree=True, rollout_config=config, strict=True) as s:
+            (node,) = s.chat([{"role": "user", "content": "what is the weather"}])
+            for turn in range(2):
+                tool = {"role": "tool", "content": f"result {turn}"}
+                (child,) = s.chat_extend(node, [tool])
+                assert child.tokens[: len(node.tokens)] == node.tokens
+                node = child
             nodes = s.state()
             (trajectory,) = s.trajectories()
         assert len(nodes) == 3  # tree mode: one node per turn, each the parent of the next
