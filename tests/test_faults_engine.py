@@ -1,4 +1,5 @@
 """Faults inside the engine fail exactly the requests of their step; the engine goes on.
+Bad inputs raise before the engine is touched; other default PRNG implementations sample.
 
 Each test injects a fault into OUR code on the scheduler thread (row building, the collector,
 the sampler's trace) with `monkeypatch`, on the real shared engine: these are fault
@@ -161,3 +162,51 @@ def test_an_abort_in_the_middle_of_a_batch_ends_the_call_and_the_engine_goes_on(
     assert "4 of 4 requests failed: aborted: test abort" in str(errors[0])
     assert time.perf_counter() - started < 30  # 400 tokens each would take far longer
     still_serving(rollout, reference)
+
+
+@pytest.fixture
+def engine_untouched(rollout, monkeypatch):
+    """Fails the test if a request reaches the engine."""
+
+    def submit(**fields):
+        raise AssertionError("the engine was touched")
+
+    monkeypatch.setattr(rollout.engine, "_submit", submit)
+
+
+def test_bad_token_ids_raise_naming_them_before_the_engine(rollout, engine_untouched):
+    vocab = rollout.engine.vocab_size
+    prompts = np.asarray([[0, 5, 6]], np.int32)
+    with pytest.raises(
+        ValueError, match=rf"completion 0: token 1 is {vocab}, outside .*\[0, {vocab}\)"
+    ):
+        rollout.get_per_token_logps(prompts, np.asarray([[7, vocab, 8]], np.int32))
+    with pytest.raises(ValueError, match=r"prompt 0: token 0 is -3"):
+        rollout.engine.score([[-3, 4]], [[5]])
+    with pytest.raises(ValueError, match=r"eos_tokens\[0\]"):
+        rollout.generate(PROMPTS, config(eos_tokens=[vocab + 5]))
+    with rollout.session() as s, pytest.raises(ValueError, match=rf"prompt\[2\] = {vocab}"):
+        s.complete([1, 2, vocab])
+
+
+@pytest.mark.parametrize(("impl", "top_logprobs"), [("rbg", 4), ("unsafe_rbg", 6)])
+def test_other_default_prng_impls_sample_the_same_tokens(rollout, impl, top_logprobs):
+    """The sampler's keys are threefry whatever the default: a sampler config first traced
+    while `jax_default_prng_impl` is rbg / unsafe_rbg (a `top_logprobs` no other test uses,
+    which changes no token) draws what the threefry default drew."""
+    import jax
+
+    key = jax.random.PRNGKey(11)  # made under the threefry default: the same seed throughout
+
+    def draw(**overrides):
+        out = rollout.generate(PROMPTS, config(seed=key), **overrides)
+        return [t.tolist() for t in out.tokens]
+
+    before = jax.config.jax_default_prng_impl
+    expected = draw()
+    jax.config.update("jax_default_prng_impl", impl)
+    try:
+        assert draw(top_logprobs=top_logprobs) == expected
+        assert draw(top_logprobs=top_logprobs) == expected
+    finally:
+        jax.config.update("jax_default_prng_impl", before)

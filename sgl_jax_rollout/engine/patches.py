@@ -38,6 +38,11 @@ instead of raising.
 - `watchdog`: replaces `Scheduler.watchdog_thread` (upstream's loop never exits, so every
   shut-down scheduler stays alive, and it SIGQUITs `psutil.Process().parent()`, in
   single-process mode the process that launched the trainer): same rule, engine fault.
+- `sampler_key_typed`: wraps `ModelRunner.initialize_jit`. Upstream keeps its sampler's base
+  key as raw `PRNGKey` data (`model_runner.py:175`) and folds the step into it inside the
+  jitted sampler (`:296`), which reads raw data with whatever `jax_default_prng_impl` is set
+  when a sampler config is traced: a trainer that changes it (to rbg, unsafe_rbg) after the
+  engine started fails every new trace. A typed key carries its implementation.
 - `idle_wait_and_stop`: wraps `Scheduler.on_idle`: a fully idle scheduler runs the engine's
   `IdleWork` (weight swap, cache flush), then waits on its sockets and on the work pipe
   (upstream spins a core at 100%), and exits its thread when the engine is shut down.
@@ -179,6 +184,7 @@ _UPSTREAM = {
     "Scheduler.run_batch": ("self", "batch"),
     "Scheduler.abort_request": ("self", "recv_req"),
     "Scheduler.watchdog_thread": ("self",),
+    "ModelRunner.initialize_jit": ("self",),
     "Llama3RotaryEmbedding.__init__": (
         "self",
         "head_size",
@@ -207,9 +213,11 @@ def _upstream_objects() -> dict[str, Any]:
     from sgl_jax.srt.layers.sampler import Sampler
     from sgl_jax.srt.managers.schedule_batch import ScheduleBatch
     from sgl_jax.srt.managers.scheduler import Scheduler
+    from sgl_jax.srt.model_executor.model_runner import ModelRunner
     from sgl_jax.srt.sampling.sampling_batch_info import SamplingMetadata
 
     return {
+        "ModelRunner": ModelRunner,
         "ScheduleBatch": ScheduleBatch,
         "SamplingMetadata": SamplingMetadata,
         "Scheduler": Scheduler,
@@ -289,6 +297,7 @@ def apply() -> None:
         _wrap(objects["Scheduler"], "__init__", _scheduler_of_engine)
         _wrap(objects["Scheduler"], "run_batch", _step_guard)
         _wrap(objects["Scheduler"], "watchdog_thread", _watchdog)
+        _wrap(objects["ModelRunner"], "initialize_jit", _typed_sampler_key)
         _wrap(objects["ScheduleBatch"], "get_model_worker_batch", _worker_batch_rows)
         _wrap_classmethod(
             objects["SamplingMetadata"], "from_model_worker_batch", _sampling_metadata_rows
@@ -507,6 +516,16 @@ def _record_before_stream(original, self, reqs, *args, **kwargs):
         except Exception as err:
             _fail_requests(self, list(reqs), hooks, "recording per-token values", err)
     return original(self, reqs, *args, **kwargs)
+
+
+def _typed_sampler_key(original, self, *args, **kwargs):
+    """sampler_key_typed: the runner's base sampler key as a typed key of the implementation it
+    was made with, before `initialize_jit` captures it."""
+    key = self._sampler_base_rng
+    if not jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
+        impl = jax.config.jax_default_prng_impl
+        self._sampler_base_rng = jax.random.wrap_key_data(key, impl=impl)
+    return original(self, *args, **kwargs)
 
 
 def _scheduler_of_engine(original, self, *args, **kwargs):
