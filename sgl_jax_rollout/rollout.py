@@ -263,8 +263,7 @@ class SglangJaxRollout(BaseRollout):
 
     def _prompt_ids(self, text: str, max_length: int, index: int) -> list[int]:
         ids = self._tokenizer.encode(str(text))  # tunix's learners pass numpy str_ items
-        bos_id = self._tokenizer.bos_id()
-        bos = [] if bos_id is None or bos_id < 0 else [bos_id]  # 0 is a real id; SP says -1
+        bos = inputs.bos_prefix(self._tokenizer.bos_id())
         ids = self._tokenizer.dedup_bos_ids(bos + list(ids))
         ids, dropped = inputs.truncate_left(ids, max_length)
         if dropped:

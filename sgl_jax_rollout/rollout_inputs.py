@@ -121,6 +121,12 @@ def _derive(*words: int) -> int:
     return int((int(state[0]) << 31) ^ int(state[1])) % (MAX_SEED + 1)
 
 
+def bos_prefix(bos_id: int | None) -> list[int]:
+    """The BOS to put before a prompt: none when the tokenizer has none (None, or -1 from
+    SentencePiece). Id 0 is a real token (tunix's samplers test `if bos_id()` and drop it)."""
+    return [] if bos_id is None or bos_id < 0 else [int(bos_id)]
+
+
 def truncate_left(ids: Sequence[int], max_length: int) -> tuple[list[int], int]:
     """Keeps the last `max_length` ids; returns them and how many were dropped."""
     ids = list(ids)

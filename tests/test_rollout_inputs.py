@@ -174,3 +174,9 @@ def test_eos_tokens_are_checked_against_the_vocabulary(eos, match):
 def test_valid_eos_tokens_pass_as_ints():
     assert inputs.eos_token_list(np.asarray([3, 98]), 99) == [3, 98]
     assert inputs.eos_token_list(None, 99) == [] and inputs.eos_token_list((), 99) == []
+
+
+def test_a_bos_id_of_zero_is_kept():
+    assert inputs.bos_prefix(0) == [0]
+    assert inputs.bos_prefix(151643) == [151643]
+    assert inputs.bos_prefix(None) == [] and inputs.bos_prefix(-1) == []
