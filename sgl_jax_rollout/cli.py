@@ -4,7 +4,8 @@ Owns argument parsing and dispatch only: each subcommand calls one library funct
 Subcommands: `demo` (the main job, `tunix_adapter.demo`), `compare` and `check --model-path
 DIR` (the pre-flight, `tunix_adapter.check`): these reach the trainer side, imported only when
 the subcommand runs; `make-tiny-model DIR [--arch A | --like NAME]`,
-`bench sampler|rollout|weights [--json]`.
+`bench sampler|rollout|weights [--json]`, `bench soak [--requests N] [--cycles C] [--json]`
+(exits 1 when the soak finds a bad completion or memory growth).
 """
 
 from __future__ import annotations
@@ -75,6 +76,14 @@ def _bench(args: argparse.Namespace) -> int:
         from sgl_jax_rollout.bench import sampler_bench
 
         result = sampler_bench.run(steps=args.steps)
+    elif args.target == "soak":
+        if _engine_missing():
+            return 2
+        from sgl_jax_rollout.bench import soak
+
+        result = soak.run(
+            requests=args.requests, cycles=args.cycles, seed=args.seed, model_path=args.model_path
+        )
     else:
         if _engine_missing():
             return 2
@@ -86,7 +95,7 @@ def _bench(args: argparse.Namespace) -> int:
         print(json.dumps(result))
     else:
         print(json.dumps(result, indent=2))
-    return 0
+    return 0 if result.get("ok", True) else 1
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -274,16 +283,32 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="benchmarks printing one JSON object")
     bench.add_argument(
         "target",
-        choices=["sampler", "rollout", "weights"],
+        choices=["sampler", "rollout", "weights", "soak"],
         help="sampler: ms per sampling step; rollout: tokens/s of the rollouts; weights: "
-        "update_params vs device_put",
+        "update_params vs device_put; soak: many mixed requests, every completion checked "
+        "(exit 1 on a bad one or on memory growth)",
     )
     bench.add_argument("--json", action="store_true", help="print compact JSON on one line")
     bench.add_argument("--steps", type=int, default=20, help="sampler: timed steps (>= 20)")
     bench.add_argument("--runs", type=int, default=5, help="rollout / weights: timed runs (>= 5)")
     bench.add_argument(
-        "--model-path", default=None, help="rollout / weights: HF model dir (default: tiny model)"
+        "--model-path",
+        default=None,
+        help="rollout / weights / soak: HF model dir (default: tiny model)",
     )
+    bench.add_argument(
+        "--requests",
+        type=int,
+        default=1000,
+        help="soak: prompts in all (>= 8 + cycles: one per call)",
+    )
+    bench.add_argument(
+        "--cycles",
+        type=int,
+        default=50,
+        help="soak: generate + update_params cycles measured for memory growth (>= 1)",
+    )
+    bench.add_argument("--seed", type=int, default=0, help="soak: prompts, mix and sampling")
     bench.set_defaults(func=_bench)
     return parser
 

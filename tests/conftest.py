@@ -120,4 +120,5 @@ def stores_empty_after(request):
                 "specs": 0,
                 "records": 0,
                 "completions": 0,
+                "detokenizer_states": 0,
             }

@@ -354,7 +354,9 @@ class RolloutEngine:
 
     # Lifecycle.
     def store_sizes(self) -> dict[str, int]:
-        return self.collector.sizes()
+        """Entries held per request: the collector's stores and the detokenizer's decode
+        states (as of its last batch); all 0 between calls."""
+        return {**self.collector.sizes(), "detokenizer_states": self._hooks.detokenizer_states}
 
     def _check_open(self) -> None:
         if self._hooks.ended.done():

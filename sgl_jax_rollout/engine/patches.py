@@ -66,6 +66,12 @@ instead of raising.
   subclass only overrides `_compute_inv_freq`, which nothing on that path calls: every Llama
   3.1 / 3.2 checkpoint (rope_scaling "llama3") is served with unscaled RoPE, another function
   than the checkpoint's (0.2 nats at positions past 1,024 on a tiny replica).
+- `detokenizer_forgets_finished`: wraps `DetokenizerManager.handle_batch_token_id_out` to drop
+  a finished request's decode state (its token ids and text). Upstream keeps every request's
+  state until `SGLANG_DETOKENIZER_MAX_STATES` (65,536) requests have passed
+  (`detokenizer_manager.py:36, 85, 316`): host memory that grows with every completion of an RL
+  run, tens of KB per 1k-token completion, gigabytes at the cap. The count left after each
+  batch is reported by `RolloutEngine.store_sizes()` as `detokenizer_states`.
 """
 
 from __future__ import annotations
@@ -125,6 +131,7 @@ class EngineHooks:
     error: BaseException | None = None  # the exception behind a fault, when there was one
     scheduler: Any = None
     neutral_rows: bool = False  # set while a failed step is re-run with neutral rows
+    detokenizer_states: int = 0  # decode states the detokenizer held after its last batch
 
     def end(self, reason: str) -> None:
         with _END_LOCK:
@@ -184,6 +191,7 @@ _UPSTREAM = {
     "Scheduler.run_batch": ("self", "batch"),
     "Scheduler.abort_request": ("self", "recv_req"),
     "Scheduler.watchdog_thread": ("self",),
+    "DetokenizerManager.handle_batch_token_id_out": ("self", "recv_obj"),
     "ModelRunner.initialize_jit": ("self",),
     "Llama3RotaryEmbedding.__init__": (
         "self",
@@ -211,6 +219,7 @@ def _upstream_objects() -> dict[str, Any]:
     from sgl_jax.srt.layers.attention.native_backend import NativeAttention
     from sgl_jax.srt.layers.embeddings import Llama3RotaryEmbedding
     from sgl_jax.srt.layers.sampler import Sampler
+    from sgl_jax.srt.managers.detokenizer_manager import DetokenizerManager
     from sgl_jax.srt.managers.schedule_batch import ScheduleBatch
     from sgl_jax.srt.managers.scheduler import Scheduler
     from sgl_jax.srt.model_executor.model_runner import ModelRunner
@@ -224,6 +233,7 @@ def _upstream_objects() -> dict[str, Any]:
         "Sampler": Sampler,
         "NativeAttention": NativeAttention,
         "Llama3RotaryEmbedding": Llama3RotaryEmbedding,
+        "DetokenizerManager": DetokenizerManager,
     }
 
 
@@ -307,6 +317,7 @@ def apply() -> None:
         _wrap(objects["Scheduler"], "on_idle", _idle_wait_and_stop)
         _wrap(objects["NativeAttention"], "__call__", per_rank_native_attention)
         _wrap(objects["Llama3RotaryEmbedding"], "__init__", _llama3_scaled_frequencies)
+        _wrap(objects["DetokenizerManager"], "handle_batch_token_id_out", _forget_finished_decodes)
 
 
 def _socket_modules() -> list[Any]:
@@ -516,6 +527,19 @@ def _record_before_stream(original, self, reqs, *args, **kwargs):
         except Exception as err:
             _fail_requests(self, list(reqs), hooks, "recording per-token values", err)
     return original(self, reqs, *args, **kwargs)
+
+
+def _forget_finished_decodes(original, self, recv_obj, *args, **kwargs):
+    """detokenizer_forgets_finished: a finished request's decode state is dropped once its
+    last text is made (upstream keeps it until 65,536 requests have passed)."""
+    out = original(self, recv_obj, *args, **kwargs)
+    for rid, reason in zip(recv_obj.rids, recv_obj.finished_reasons, strict=True):
+        if reason is not None:
+            self.decode_status.pop(rid, None)
+    hooks = _hooks()
+    if hooks is not None:
+        hooks.detokenizer_states = len(self.decode_status)
+    return out
 
 
 def _typed_sampler_key(original, self, *args, **kwargs):
