@@ -129,8 +129,8 @@ def _demo(args: argparse.Namespace) -> int:
     first, last = history[0]["reward_mean"], history[-1]["reward_mean"]
     print(
         f"{args.algo} with the {args.rollout} rollout: {len(history)} steps, reward mean "
-        f"{first:.3f} -> {last:.3f}; metrics in {args.out}/metrics.jsonl, plot in "
-        f"{args.out}/metrics.png"
+        f"{first:.3f} -> {last:.3f}, {history[-1]['compiles_after_warmup']} XLA compiles "
+        f"after step 0; metrics in {args.out}/metrics.jsonl, plot in {args.out}/metrics.png"
     )
     return 0
 

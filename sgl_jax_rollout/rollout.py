@@ -97,7 +97,7 @@ class SglangJaxRollout(BaseRollout):
         self._lora_scaling = lora_scaling
         self._model_path = model_path
         self._actor = rollout_actor
-        self._engine = RolloutEngine(model_path, settings)
+        self._engine = RolloutEngine(model_path, settings, inputs.sampler_modes(defaults))
         try:  # a failure from here on must not leave the engine running
             self._tokenizer = TokenizerAdapter(tokenizer or self._engine.tokenizer)
             self._model_eos = inputs.eos_ids(model_path, self._tokenizer.eos_id())

@@ -6,7 +6,7 @@ samples of a prompt are adjacent; an int seed gives every row its own stream, a 
 one seed per prompt, a JAX PRNG key one stream); `eos_tokens` checked against the
 vocabulary; prompt left truncation and left padding; completion lengths inside
 padded arrays (docs/design.md section 4); `generation_config.json` -> default options (only
-when the user opts in).
+when the user opts in); the sampler modes a rollout's calls will use (compiled at start).
 
 Imports neither sgl_jax nor tunix (a `RolloutConfig` is read by attribute).
 """
@@ -210,6 +210,22 @@ def default_options(model_path: str | Path) -> SamplingOptions:
         return SamplingOptions(**values)
     except ValueError as err:
         raise ValueError(f"{path}: {err}") from err
+
+
+def sampler_modes(defaults: SamplingOptions) -> list[dict[str, Any]]:
+    """The sampler modes of calls with these defaults: their output modes with and without
+    logprobs (`RolloutConfig.return_logprobs` chooses per call), penalties as the defaults
+    have them (the rollout always holds back EOS, so `min_new_tokens` is a penalty)."""
+    from sgl_jax_rollout.engine.rows import MODE_FIELDS
+
+    penalties = (
+        defaults.repetition_penalty != 1.0
+        or defaults.frequency_penalty != 0.0
+        or defaults.presence_penalty != 0.0
+        or defaults.min_new_tokens > 0
+    )
+    mode = {field: getattr(defaults, field) for field in MODE_FIELDS}
+    return [{**mode, "return_logprobs": ret, "penalties": penalties} for ret in (True, False)]
 
 
 def rollout_defaults(model_path: str | Path, use_generation_config: bool) -> SamplingOptions:

@@ -82,6 +82,8 @@ TEST_SETTINGS = dict(
     context_length=512,
     max_total_tokens=16384,
 )
+# The session engine also compiles this mode at start (test_rollout.py checks it).
+LISTED_SAMPLER_MODE = {"entropy_source": "processed", "entropy_top_k": 24}
 
 
 @pytest.fixture(scope="session")
@@ -104,7 +106,10 @@ def rollout(tiny_dir):
         pytest.skip("sgl_jax is not installed")
     from sgl_jax_rollout.rollout import SglangJaxRollout
 
-    worker = SglangJaxRollout(model_path=tiny_dir, engine_settings=TEST_SETTINGS)
+    worker = SglangJaxRollout(
+        model_path=tiny_dir,
+        engine_settings=dict(TEST_SETTINGS, sampler_modes=(LISTED_SAMPLER_MODE,)),
+    )
     yield worker
     worker.shutdown()
 

@@ -14,6 +14,7 @@ from flax import nnx
 
 from sgl_jax_rollout.tunix_compat import RolloutConfig
 from sgl_jax_rollout.utils.compiles import count_compiles
+from tests.conftest import LISTED_SAMPLER_MODE
 from tests.conftest import perturbed as perturbed_state
 
 pytestmark = pytest.mark.engine
@@ -206,6 +207,21 @@ def test_changing_sampling_settings_does_not_recompile(rollout):
         for s, o in zip(settings, overrides, strict=True):
             rollout.generate(PROMPTS, config(seed=99, **s), **o)
     assert compiles.count == 0
+
+
+def test_sampler_modes_listed_in_the_settings_compile_at_start(rollout):
+    # The session engine lists this mode (used by no other test) without return_logprobs: it
+    # was compiled at start with and without logprobs, for every batch bucket.
+    listed = LISTED_SAMPLER_MODE
+    assert rollout.engine.settings.sampler_modes == (listed,)
+    with count_compiles() as compiles:
+        for return_logprobs in (True, False):
+            out = rollout.generate(PROMPTS, config(return_logprobs=return_logprobs), **listed)
+            assert all(len(e) == len(t) for e, t in zip(out.entropy, out.tokens, strict=True))
+    assert compiles.count == 0
+    with count_compiles() as compiles:  # a mode nobody listed compiles when first met
+        rollout.generate(PROMPTS, config(), entropy_source="processed", entropy_top_k=40)
+    assert compiles.count > 0
 
 
 @pytest.mark.parametrize(

@@ -180,3 +180,15 @@ def test_a_bos_id_of_zero_is_kept():
     assert inputs.bos_prefix(0) == [0]
     assert inputs.bos_prefix(151643) == [151643]
     assert inputs.bos_prefix(None) == [] and inputs.bos_prefix(-1) == []
+
+
+def test_sampler_modes_of_the_defaults_cover_both_logprob_choices_and_their_penalties():
+    from sgl_jax_rollout.engine.rows import RequestSpec, extra_sampler_configs, sampler_config
+
+    for defaults in (SamplingOptions(), SamplingOptions(repetition_penalty=1.1, entropy_top_k=4)):
+        modes = inputs.sampler_modes(defaults)
+        configs = set(extra_sampler_configs(modes, None)) | {sampler_config([], None)}
+        for return_logprobs in (True, False):  # what a call with these defaults runs
+            options = defaults.replace(seed=1, return_logprobs=return_logprobs)
+            spec = RequestSpec(options, stop_ids=(2,))
+            assert sampler_config([spec], None) in configs

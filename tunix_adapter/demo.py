@@ -20,6 +20,7 @@ import numpy as np
 from tqdm import tqdm
 
 import tpu_configs
+from sgl_jax_rollout.utils.compiles import count_compiles
 
 log = logging.getLogger(__name__)
 ALGOS = ("grpo", "egpo", "ppo")
@@ -193,6 +194,10 @@ def train(config: DemoConfig, cluster, learner, shutdown: bool = True) -> list[d
                 row[key] = float((op or np.mean)(np.asarray(values, np.float64)))
         if "reward_mean" not in row:
             return
+        # Step 0 is the warm-up (the trainer's first step compiles); later steps should not.
+        warm_up = history[0]["compiles"] if history else compiles.count
+        row["compiles"] = compiles.count
+        row["compiles_after_warmup"] = compiles.count - warm_up
         history.append(row)
         bar.update(1)
         bar.write(_line(row))
@@ -204,7 +209,8 @@ def train(config: DemoConfig, cluster, learner, shutdown: bool = True) -> list[d
             {"prompts": np.array(prompts(config.prompts_per_step, config.seed * 100_003 + step))}
             for step in range(config.steps)
         ]
-        learner.train(batches)  # closes the cluster, which flushes the last step's metrics
+        with count_compiles() as compiles:  # read by `record`
+            learner.train(batches)  # closes the cluster, which flushes the last step's metrics
     except BaseException:
         _shutdown(cluster)
         raise

@@ -36,7 +36,7 @@ import zmq
 from sgl_jax_rollout.engine import patches
 from sgl_jax_rollout.engine.availability import require_sgl_jax
 from sgl_jax_rollout.engine.collector import Collector, Completion
-from sgl_jax_rollout.engine.rows import RequestSpec
+from sgl_jax_rollout.engine.rows import RequestSpec, extra_sampler_configs
 from sgl_jax_rollout.engine.settings import EngineSettings
 
 logger = logging.getLogger(__name__)
@@ -47,9 +47,17 @@ STOP_TIMEOUT_S = 30.0
 
 
 class RolloutEngine:
-    def __init__(self, model_path: str | Path, settings: EngineSettings | None = None) -> None:
+    def __init__(
+        self,
+        model_path: str | Path,
+        settings: EngineSettings | None = None,
+        sampler_modes: Sequence[dict[str, Any]] = (),
+    ) -> None:
         """Starts the engine; on any failure, whatever was started is stopped again (threads,
-        sockets, signal handlers, the process's engine slot) before the error propagates."""
+        sockets, signal handlers, the process's engine slot) before the error propagates.
+
+        The sampler is compiled at start for its default mode, for `sampler_modes` (dicts as
+        in `EngineSettings.sampler_modes`, which are added) and for every batch bucket."""
         settings = settings or EngineSettings()
         model_path = Path(model_path)
         config_file = model_path / "config.json"
@@ -81,7 +89,11 @@ class RolloutEngine:
         self.vocab_size = vocab
         valid = len(self.tokenizer) if len(self.tokenizer) < vocab else None
         self.collector = Collector()
-        self._hooks = patches.EngineHooks(collector=self.collector, valid_vocab_size=valid)
+        self._hooks = patches.EngineHooks(
+            collector=self.collector,
+            valid_vocab_size=valid,
+            sampler_configs=extra_sampler_configs([*settings.sampler_modes, *sampler_modes], valid),
+        )
         self._lock = threading.Lock()  # one call at a time
         self._ending = threading.Lock()  # one shutdown at a time
         self._abort_reason: str | None = None

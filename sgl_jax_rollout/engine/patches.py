@@ -66,6 +66,11 @@ instead of raising.
   subclass only overrides `_compute_inv_freq`, which nothing on that path calls: every Llama
   3.1 / 3.2 checkpoint (rope_scaling "llama3") is served with unscaled RoPE, another function
   than the checkpoint's (0.2 nats at positions past 1,024 on a tiny replica).
+- `precompile_sampler_modes`: wraps `ModelWorker.run_precompile` and `ModelRunner.sample`:
+  while upstream precompiles (every extend and decode batch bucket), each sampler step is run
+  again with neutral rows under every extra `SamplerConfig` of the engine (the modes the
+  rollout derives from its defaults and `EngineSettings.sampler_modes`), so a run meets no
+  sampler compile for those modes. Upstream precompiles its one sampler.
 - `detokenizer_forgets_finished`: wraps `DetokenizerManager.handle_batch_token_id_out` to drop
   a finished request's decode state (its token ids and text). Upstream keeps every request's
   state until `SGLANG_DETOKENIZER_MAX_STATES` (65,536) requests have passed
@@ -101,6 +106,7 @@ from sgl_jax_rollout.engine.collector import Collector, StepValues
 from sgl_jax_rollout.engine.dp_attention import per_rank_native_attention
 from sgl_jax_rollout.engine.idle_work import IdleWork
 from sgl_jax_rollout.engine.rows import RequestSpec, build_rows, sampler_config
+from sgl_jax_rollout.sampling.batch import SamplerConfig
 from sgl_jax_rollout.sampling.options import SamplingOptions
 
 logger = logging.getLogger(__name__)
@@ -132,6 +138,8 @@ class EngineHooks:
     scheduler: Any = None
     neutral_rows: bool = False  # set while a failed step is re-run with neutral rows
     detokenizer_states: int = 0  # decode states the detokenizer held after its last batch
+    sampler_configs: tuple[SamplerConfig, ...] = ()  # compiled at start besides the default
+    precompiling: bool = False  # set while upstream precompiles
 
     def end(self, reason: str) -> None:
         with _END_LOCK:
@@ -192,6 +200,8 @@ _UPSTREAM = {
     "Scheduler.abort_request": ("self", "recv_req"),
     "Scheduler.watchdog_thread": ("self",),
     "DetokenizerManager.handle_batch_token_id_out": ("self", "recv_obj"),
+    "ModelWorker.run_precompile": ("self",),
+    "ModelRunner.sample": ("self", "logits_output", "sampling_metadata"),
     "ModelRunner.initialize_jit": ("self",),
     "Llama3RotaryEmbedding.__init__": (
         "self",
@@ -222,6 +232,7 @@ def _upstream_objects() -> dict[str, Any]:
     from sgl_jax.srt.managers.detokenizer_manager import DetokenizerManager
     from sgl_jax.srt.managers.schedule_batch import ScheduleBatch
     from sgl_jax.srt.managers.scheduler import Scheduler
+    from sgl_jax.srt.managers.tp_worker import ModelWorker
     from sgl_jax.srt.model_executor.model_runner import ModelRunner
     from sgl_jax.srt.sampling.sampling_batch_info import SamplingMetadata
 
@@ -234,6 +245,7 @@ def _upstream_objects() -> dict[str, Any]:
         "NativeAttention": NativeAttention,
         "Llama3RotaryEmbedding": Llama3RotaryEmbedding,
         "DetokenizerManager": DetokenizerManager,
+        "ModelWorker": ModelWorker,
     }
 
 
@@ -318,6 +330,8 @@ def apply() -> None:
         _wrap(objects["NativeAttention"], "__call__", per_rank_native_attention)
         _wrap(objects["Llama3RotaryEmbedding"], "__init__", _llama3_scaled_frequencies)
         _wrap(objects["DetokenizerManager"], "handle_batch_token_id_out", _forget_finished_decodes)
+        _wrap(objects["ModelWorker"], "run_precompile", _precompiling)
+        _wrap(objects["ModelRunner"], "sample", _sample_every_mode_while_precompiling)
 
 
 def _socket_modules() -> list[Any]:
@@ -455,8 +469,6 @@ def _fallback_spec(req: Any) -> RequestSpec:
 
 def _sampling_metadata_rows(original, batch, pad_size=0, mesh=None, vocab_size=32000):
     """sampling_metadata_rows: stock metadata plus our rows, on the mesh."""
-    from sgl_jax_rollout.engine.sampler_module import RolloutSamplingMetadata
-
     stock = original(batch, pad_size, mesh, vocab_size)
     hooks = _hooks()
     rows = getattr(batch, "rollout_rows", None)
@@ -466,16 +478,54 @@ def _sampling_metadata_rows(original, batch, pad_size=0, mesh=None, vocab_size=3
         config = sampler_config([], valid)
         size = len(batch.sampling_info.temperatures)
         rows = (config, build_rows([], [], [], size, config))
-    config, host_rows = rows
+    return _with_rows(stock, *rows, mesh)
+
+
+def _with_rows(stock: Any, config: SamplerConfig, host_rows: Any, mesh: Any):
+    """Stock `SamplingMetadata` children plus our rows placed on the mesh, `config` as aux."""
+    from sgl_jax_rollout.engine.sampler_module import (
+        STOCK_METADATA_CHILDREN,
+        RolloutSamplingMetadata,
+    )
+
     sharding = NamedSharding(mesh, P("data"))
     token_sharding = NamedSharding(mesh, P("data", None))
     device_rows = jax.tree_util.tree_map(
         lambda x: jax.device_put(x, sharding if x.ndim == 1 else token_sharding), host_rows
     )
     children, aux = stock.tree_flatten()
+    aux = {k: v for k, v in aux.items() if k != "rollout_config"}
     return RolloutSamplingMetadata.tree_unflatten(
-        {**aux, "rollout_config": config}, (*children, device_rows)
+        {**aux, "rollout_config": config}, (*children[:STOCK_METADATA_CHILDREN], device_rows)
     )
+
+
+def _precompiling(original, self, *args, **kwargs):
+    """precompile_sampler_modes, part 1: mark the precompile."""
+    hooks = _hooks()
+    if hooks is None:
+        return original(self, *args, **kwargs)
+    hooks.precompiling = True
+    try:
+        return original(self, *args, **kwargs)
+    finally:
+        hooks.precompiling = False
+
+
+def _sample_every_mode_while_precompiling(original, self, logits_output, sampling_metadata):
+    """precompile_sampler_modes, part 2: while precompiling, run this step's sampler again
+    under every extra config (neutral rows, same batch bucket); the results are dropped."""
+    result = original(self, logits_output, sampling_metadata)
+    hooks = _hooks()
+    if hooks is None or not hooks.precompiling:
+        return result
+    size = len(sampling_metadata.rollout_rows.temperature)
+    for config in hooks.sampler_configs:
+        rows = build_rows([], [], [], size, config)
+        jax.block_until_ready(
+            original(self, logits_output, _with_rows(sampling_metadata, config, rows, self.mesh))
+        )
+    return result
 
 
 def _step_values(original, self, batch, result, *args, **kwargs):

@@ -1,9 +1,10 @@
 """Per-request sampling specs and the per-step rows handed to the sampler inside the engine.
 
 Owns `RequestSpec` (what one engine request asks of our sampler: its `SamplingOptions`, a
-seed, the stop ids that `min_new_tokens` holds back) and `build_rows`, which turns the
-requests of one engine batch into a `SamplerConfig` and a host-side `SamplingBatch` padded to
-the engine's batch bucket. Token-id arrays are padded to power-of-two widths so a batch with
+seed, the stop ids that `min_new_tokens` holds back), the static `SamplerConfig` of a batch or
+of a listed mode (`sampler_config`, `mode_config`, `extra_sampler_configs`), and `build_rows`,
+which turns the requests of one engine batch into a host-side `SamplingBatch` padded to the
+engine's batch bucket. Token-id arrays are padded to power-of-two widths so a batch with
 penalties compiles once per width bucket, never per prompt length.
 
 Host-side only: numpy, no sgl_jax import (tested without the engine).
@@ -12,7 +13,8 @@ Host-side only: numpy, no sgl_jax import (tested without the engine).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -26,6 +28,15 @@ from sgl_jax_rollout.sampling.options import SamplingOptions
 
 MIN_TOKEN_WIDTH = 64
 MIN_STOP_WIDTH = 8
+# The `SamplingOptions` fields that choose the sampler's static config (with penalties on/off).
+MODE_FIELDS = (
+    "logprobs_mode",
+    "entropy_source",
+    "entropy_top_k",
+    "return_logprobs",
+    "return_entropy",
+    "top_logprobs",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,15 +63,7 @@ class RequestSpec:
         )
 
     def mode(self) -> tuple:
-        o = self.options
-        return (
-            o.logprobs_mode,
-            o.entropy_source,
-            o.entropy_top_k,
-            o.return_logprobs,
-            o.return_entropy,
-            o.top_logprobs,
-        )
+        return tuple(getattr(self.options, name) for name in MODE_FIELDS)
 
 
 def bucket(length: int, minimum: int) -> int:
@@ -78,17 +81,45 @@ def sampler_config(specs: Sequence[RequestSpec], valid_vocab_size: int | None) -
     modes = {s.mode() for s in specs}
     if len(modes) > 1:
         raise ValueError(f"requests of one engine batch must share their output modes, got {modes}")
-    logprobs_mode, entropy_source, entropy_top_k, ret_lp, ret_ent, top_lp = modes.pop()
+    return mode_config(specs[0].options, any(s.needs_penalties for s in specs), valid_vocab_size)
+
+
+def mode_config(
+    options: SamplingOptions, penalties: bool, valid_vocab_size: int | None
+) -> SamplerConfig:
+    """The static config of requests with `options`' output modes."""
     return SamplerConfig(
-        penalties=any(s.needs_penalties for s in specs),
-        return_logprob=ret_lp,
-        logprobs_mode=logprobs_mode,
-        return_entropy=ret_ent,
-        entropy_source=entropy_source,
-        entropy_top_k=entropy_top_k,
-        top_logprobs=top_lp,
+        penalties=penalties,
+        return_logprob=options.return_logprobs,
+        logprobs_mode=options.logprobs_mode,
+        return_entropy=options.return_entropy,
+        entropy_source=options.entropy_source,
+        entropy_top_k=options.entropy_top_k,
+        top_logprobs=options.top_logprobs,
         valid_vocab_size=valid_vocab_size,
     )
+
+
+def extra_sampler_configs(
+    modes: Sequence[Mapping[str, Any]], valid_vocab_size: int | None
+) -> tuple[SamplerConfig, ...]:
+    """The distinct static configs of `modes` (dicts as in `EngineSettings.sampler_modes`)
+    other than the default one, which the engine compiles anyway. A mode that does not name
+    `return_logprobs` gives both (`RolloutConfig.return_logprobs` chooses it per call)."""
+    default = sampler_config([], valid_vocab_size)
+    configs: list[SamplerConfig] = []
+    for mode in modes:
+        fields = {k: v for k, v in mode.items() if k != "penalties"}
+        if "return_logprobs" in fields:
+            variants = [fields]
+        else:
+            variants = [{**fields, "return_logprobs": ret} for ret in (True, False)]
+        for variant in variants:
+            options = SamplingOptions(**variant)
+            config = mode_config(options, bool(mode.get("penalties")), valid_vocab_size)
+            if config != default and config not in configs:
+                configs.append(config)
+    return tuple(configs)
 
 
 def build_rows(

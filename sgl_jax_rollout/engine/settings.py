@@ -31,6 +31,13 @@ class EngineSettings:
     Exactly one of `mem_fraction_static` and `max_total_tokens` sizes the KV cache.
     `tp_size` is the total number of devices; the mesh is `[dp_size, tp_size // dp_size]`.
     `extra` passes further `ServerArgs` keywords through (not the forced ones).
+    `sampler_modes` lists sampler modes to compile at start besides those the rollout derives
+    from its defaults: each a dict of `SamplingOptions` output fields (`logprobs_mode`,
+    `entropy_source`, `entropy_top_k`, `return_logprobs`, `return_entropy`, `top_logprobs`)
+    and `penalties` (bool), e.g. `{"entropy_top_k": 64}`; unnamed fields take their defaults,
+    except `return_logprobs`: unnamed, both (`RolloutConfig.return_logprobs` picks per call).
+    Penalty modes compile at the smallest id-table widths only (wider prompts or outputs
+    still compile once per width bucket).
     """
 
     dtype: str = "auto"
@@ -51,6 +58,7 @@ class EngineSettings:
     device_indexes: tuple[int, ...] | None = None
     random_seed: int = 0
     log_level: str = "error"
+    sampler_modes: tuple[dict[str, Any], ...] = ()
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -110,6 +118,7 @@ class EngineSettings:
                     f"device_indexes must be {self.tp_size} distinct device ids (tp_size), "
                     f"got {list(idx)}"
                 )
+        object.__setattr__(self, "sampler_modes", _sampler_modes(self.sampler_modes))
         forced = sorted(set(self.extra) & set(FORCED))
         if forced:
             raise ValueError(f"extra must not set {forced}: the rollout fixes them")
@@ -148,6 +157,34 @@ class EngineSettings:
         args.update(self.extra)
         args.update(FORCED)
         return args
+
+
+def _sampler_modes(modes: Any) -> tuple[dict[str, Any], ...]:
+    from sgl_jax_rollout.engine.rows import MODE_FIELDS
+    from sgl_jax_rollout.sampling.options import SamplingOptions
+
+    if isinstance(modes, dict) or not isinstance(modes, (tuple, list)):
+        raise ValueError(f"sampler_modes must be a list of dicts, got {modes!r}")
+    checked = []
+    for i, mode in enumerate(modes):
+        if not isinstance(mode, dict):
+            raise ValueError(f"sampler_modes[{i}] must be a dict, got {mode!r}")
+        unknown = sorted(set(mode) - {*MODE_FIELDS, "penalties"})
+        if unknown:
+            raise ValueError(
+                f"sampler_modes[{i}] has unknown field(s) {unknown}; allowed: "
+                f"{[*MODE_FIELDS, 'penalties']}"
+            )
+        if not isinstance(mode.get("penalties", False), bool):
+            raise ValueError(
+                f"sampler_modes[{i}].penalties must be a bool, got {mode['penalties']!r}"
+            )
+        try:
+            SamplingOptions(**{k: v for k, v in mode.items() if k != "penalties"})
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"sampler_modes[{i}]: {err}") from None
+        checked.append(dict(mode))
+    return tuple(checked)
 
 
 def _is_int(value: Any) -> bool:

@@ -97,6 +97,9 @@ def test_twenty_demo_steps_raise_the_mean_reward(tiny_dir, tmp_path):
     assert len(rewards) == 20
     assert np.mean(rewards[-5:]) > np.mean(rewards[:5]) + 0.05, rewards
     assert (tmp_path / "metrics.png").is_file()
+    # Nothing compiles after the warm-up step: neither the engine's sampler nor the trainer.
+    assert history[0]["compiles"] > 0  # the counter sees the trainer's first-step compiles
+    assert [row["compiles_after_warmup"] for row in history] == [0] * 20
 
 
 def test_lora_grpo_steps_serve_the_merged_adapters(tiny_dir):

@@ -11,6 +11,7 @@ from sgl_jax_rollout.engine.rows import (
     RequestSpec,
     bucket,
     build_rows,
+    extra_sampler_configs,
     sampler_config,
 )
 from sgl_jax_rollout.sampling.batch import NO_TOKEN, row_key, step_keys
@@ -102,3 +103,23 @@ def test_more_requests_than_padded_rows_raise():
     config = sampler_config([], None)
     with pytest.raises(ValueError, match="do not fit"):
         build_rows([spec(), spec()], [[1], [1]], [[], []], padded_rows=1, config=config)
+
+
+def test_extra_sampler_configs_are_what_such_requests_use():
+    modes = [
+        {"entropy_top_k": 8},  # no return_logprobs named: both
+        {"entropy_top_k": 8, "return_logprobs": True},  # already there
+        {"return_logprobs": True},  # the default config: compiled anyway
+        {"top_logprobs": 3, "return_logprobs": False, "penalties": True},
+    ]
+    configs = extra_sampler_configs(modes, 1000)
+    wanted = [
+        sampler_config([spec(entropy_top_k=8)], 1000),
+        sampler_config([spec(entropy_top_k=8, return_logprobs=False)], 1000),
+        sampler_config(
+            [spec(top_logprobs=3, return_logprobs=False, min_new_tokens=2, stop_ids=(5,))], 1000
+        ),
+    ]
+    assert configs == tuple(wanted)
+    assert wanted[2].penalties and not wanted[0].penalties
+    assert sampler_config([], 1000) not in configs

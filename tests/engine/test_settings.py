@@ -24,6 +24,11 @@ from sgl_jax_rollout.engine.settings import FORCED, EngineSettings
         (dict(tp_size=2, device_indexes=(0, 0)), "device_indexes"),
         (dict(extra={"disable_overlap_schedule": False}), "extra"),
         (dict(max_prefill_tokens=10), "max_prefill_tokens"),
+        (dict(sampler_modes={"entropy_top_k": 8}), "sampler_modes must be a list"),
+        (dict(sampler_modes=[{"entropy_topk": 8}]), r"sampler_modes\[0\] has unknown"),
+        (dict(sampler_modes=[{}, {"entropy_top_k": -1}]), r"sampler_modes\[1\]: entropy_top_k"),
+        (dict(sampler_modes=[{"penalties": "yes"}]), r"sampler_modes\[0\].penalties"),
+        (dict(sampler_modes=[{"logprobs_mode": "tempered"}]), "logprobs_mode"),
     ],
 )
 def test_bad_settings_name_the_field(changes, field):
@@ -42,3 +47,9 @@ def test_server_args_force_single_process_and_no_overlap():
 def test_replace_rejects_unknown_settings():
     with pytest.raises(ValueError, match="unknown engine setting"):
         EngineSettings().replace(pagesize=2)
+
+
+def test_sampler_modes_are_kept_and_not_passed_to_sgl_jax():
+    settings = EngineSettings(sampler_modes=[{"entropy_top_k": 8, "penalties": True}])
+    assert settings.sampler_modes == ({"entropy_top_k": 8, "penalties": True},)
+    assert "sampler_modes" not in settings.server_args("/m", "cpu")
