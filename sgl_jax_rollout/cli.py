@@ -3,7 +3,7 @@
 Owns argument parsing and dispatch only: each subcommand calls one library function.
 Subcommands: `demo` (the main job, `tunix_adapter.demo`), `compare` and `check --model-path
 DIR` (the pre-flight, `tunix_adapter.check`): these reach the trainer side, imported only when
-the subcommand runs; `make-tiny-model DIR [--arch A | --like NAME]`,
+the subcommand runs; `make-tiny-model DIR [--arch A | --like NAME [--real-size [--layers N]]]`,
 `bench sampler|rollout|weights [--json]`, `bench soak [--requests N] [--cycles C] [--json]`
 (exits 1 when the soak finds a bad completion or memory growth).
 """
@@ -26,8 +26,12 @@ def _make_tiny_model(args: argparse.Namespace) -> int:
         vocab_size=args.vocab_size,
         like=args.like,
         dtype=args.dtype,
+        real_size=args.real_size,
+        layers=args.layers,
     )
-    if args.like:
+    if args.real_size:
+        print(f"real-size model like {args.like} (random weights) written to {path}")
+    elif args.like:
         print(f"tiny model like {args.like} written to {path}")
     else:
         print(f"tiny {args.arch or 'qwen3'} model written to {path}")
@@ -278,6 +282,15 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument(
         "--vocab-size", type=int, default=DEFAULT_VOCAB, help="tokenizer and model vocabulary"
     )
+    tiny.add_argument(
+        "--real-size",
+        action="store_true",
+        help="with --like qwen3-0.6b: the checkpoint's sizes and 151,936-id model vocabulary "
+        "(random weights, the tokenizer stays --vocab-size), for benchmarks",
+    )
+    tiny.add_argument(
+        "--layers", type=int, default=None, help="with --real-size: fewer layers (default: all)"
+    )
     tiny.set_defaults(func=_make_tiny_model)
 
     bench = sub.add_parser("bench", help="benchmarks printing one JSON object")
@@ -326,6 +339,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--runs must be >= 5, got {args.runs}")
     if args.command == "make-tiny-model" and args.arch and args.like:
         parser.error("--arch and --like exclude each other (--like sets the architecture)")
+    if args.command == "make-tiny-model" and args.layers is not None and not args.real_size:
+        parser.error("--layers needs --real-size")
     try:
         return args.func(args)
     except ValueError as err:

@@ -7,12 +7,20 @@ prompts of 16 tokens, 64 new tokens each, temperature 1, EOS ignored so every ba
 the same number of tokens), tokens/s as the median of >= 5 runs after a warm-up call, for
 - `ours_full`: `SglangJaxRollout` returning logprobs and full-vocabulary entropy;
 - `ours_plain`: the same rollout with neither;
-- `tunix_sglang_jax`: tunix 0.1.7's own sgl-jax rollout, same engine settings and weights
-  (in a subprocess: our engine patches are process-wide);
+- `tunix_sglang_jax`: tunix 0.1.7's own sgl-jax rollout with tunix's defaults (overlap
+  scheduling on), same engine settings and weights (in a subprocess: our engine patches are
+  process-wide);
+- `sgl_jax_stock` / `sgl_jax_stock_no_overlap`: the engine as it ships (its own sampler, no
+  logprobs, no entropy) with overlap scheduling on / off (subprocesses, `sgl_jax_stock.py`);
 - `vanilla`: tunix's `VanillaRollout` on the trainer model with the same weights;
 plus `ratios`, `recompiles_after_warmup` (10 calls that vary every sampling setting, after one
 warm-up pass over the same 10 modes) and `host_ms_per_decode_step`: engine wall time per
-model step minus the time in the jitted model and sampler calls (`engine.profiling`).
+model step minus the time in the jitted model and sampler calls (`engine.profiling`), ours
+(overlap off, the only mode today) and the stock engine's (overlap off, where it can be
+measured), with the sampler's milliseconds per step beside it (`host_time`). `penalties_host`:
+our host milliseconds per decode step with penalties on (`PENALTY_OVERRIDES`) at
+`PENALTY_LENGTHS` generated tokens, and their ratio: host work that grows with the length of
+a generation shows there.
 
 `weights`: `update_params` with the trainer's nnx state (mapped, resharded, checked, swapped,
 cache flushed) against a plain `jax.device_put` copy of the same pytree: median of >= 5,
@@ -42,7 +50,7 @@ from sgl_jax_rollout.utils.compiles import count_compiles
 
 LORA_RANK = 8
 SETTINGS = dict(
-    context_length=512,
+    context_length=1024,  # the longest penalties workload: 40 + 512 tokens
     max_running_requests=64,
     precompile_bs_paddings=(1, 4, 16, 64),
     precompile_token_paddings=(256, 1024, 4096),
@@ -53,6 +61,10 @@ SETTINGS = dict(
     page_size=1,
     disable_radix_cache=False,
 )
+
+PENALTY_PROMPTS = (8, (5, 40))  # count, (min, max) prompt tokens
+PENALTY_LENGTHS = (64, 512)
+PENALTY_OVERRIDES = dict(repetition_penalty=1.1, frequency_penalty=0.2, presence_penalty=0.1)
 
 # Ten calls that vary every sampling setting: (rollout config changes, per-call overrides).
 VARIED_CALLS = [
@@ -88,7 +100,6 @@ def _median_rate(call, tokens: int, runs: int, label: str) -> float:
 
 
 def run_rollout(model_dir: str | Path | None = None, runs: int = 5) -> dict:
-    from sgl_jax_rollout.engine.profiling import time_jitted_calls
     from sgl_jax_rollout.rollout import SglangJaxRollout
     from sgl_jax_rollout.tiny_model import default_model_dir
 
@@ -101,7 +112,9 @@ def run_rollout(model_dir: str | Path | None = None, runs: int = 5) -> dict:
         "tokens_per_s": {},
     }
     vanilla = _vanilla_rates(model_dir, runs)
-    tunix = _tunix_rates(model_dir, runs)
+    tunix = _subprocess("tunix_sglang_jax", model_dir, runs)
+    stock = _subprocess("sgl_jax_stock", model_dir, runs, "1")
+    stock_no_overlap = _subprocess("sgl_jax_stock", model_dir, runs, "0")
     rollout = SglangJaxRollout(model_path=model_dir, engine_settings=SETTINGS)
     try:
         tokenizer = rollout.engine.tokenizer
@@ -124,24 +137,26 @@ def run_rollout(model_dir: str | Path | None = None, runs: int = 5) -> dict:
                 runs,
                 f"ours_plain {name}",
             )
-            with time_jitted_calls(rollout.engine.model_runner) as times:
-                start = time.perf_counter()
-                rollout.generate(batch, rc, ignore_eos=True)
-                wall = time.perf_counter() - start
+            ours_host = _host_time(
+                rollout, lambda b=batch, c=rc: rollout.generate(b, c, ignore_eos=True)
+            )
             host[name] = {
-                "host_ms_per_decode_step": 1e3 * (wall - times.jitted_s) / times.steps,
-                "jitted_ms_per_step": 1e3 * times.jitted_s / times.steps,
-                "model_ms_per_step": 1e3 * times.model_s / times.steps,
-                "sampler_ms_per_step": 1e3 * times.sampler_s / times.steps,
-                "steps": times.steps,
+                "ours": ours_host,
+                "sgl_jax_stock": {
+                    k: v for k, v in stock_no_overlap.get(name, {}).items() if k != "tokens_per_s"
+                }
+                or None,
             }
             result["tokens_per_s"][name] = {
                 "ours_full": full,
                 "ours_plain": plain,
                 "tunix_sglang_jax": tunix.get(name),
+                "sgl_jax_stock": stock.get(name, {}).get("tokens_per_s"),
+                "sgl_jax_stock_no_overlap": stock_no_overlap.get(name, {}).get("tokens_per_s"),
                 "vanilla": vanilla[name],
             }
         result["host_time"] = host
+        result["penalties_host"] = _penalties_host(rollout, tokenizer)
         result["recompiles_after_warmup"] = _recompiles(rollout, tokenizer)
     finally:
         rollout.shutdown()
@@ -151,14 +166,54 @@ def run_rollout(model_dir: str | Path | None = None, runs: int = 5) -> dict:
             "full_vs_tunix_sglang_jax": (
                 r["ours_full"] / r["tunix_sglang_jax"] if r["tunix_sglang_jax"] else None
             ),
+            "full_vs_sgl_jax_stock": (
+                r["ours_full"] / r["sgl_jax_stock"] if r["sgl_jax_stock"] else None
+            ),
             "full_vs_vanilla": r["ours_full"] / r["vanilla"],
         }
         for name, r in result["tokens_per_s"].items()
     }
     result["host_ms_per_decode_step"] = {
-        name: h["host_ms_per_decode_step"] for name, h in result["host_time"].items()
+        name: {
+            backend: (h[backend] or {}).get("host_ms_per_decode_step")
+            for backend in ("ours", "sgl_jax_stock")
+        }
+        for name, h in result["host_time"].items()
     }
     return result
+
+
+def _host_time(rollout, call) -> dict[str, float]:
+    """One more call, timed: host milliseconds per model step (wall minus jitted calls)."""
+    from sgl_jax_rollout.engine.profiling import time_jitted_calls
+
+    with time_jitted_calls(rollout.engine.model_runner) as times:
+        start = time.perf_counter()
+        call()
+        wall = time.perf_counter() - start
+    return {
+        "host_ms_per_decode_step": 1e3 * (wall - times.jitted_s) / times.steps,
+        "sampler_ms_per_step": 1e3 * times.sampler_s / times.steps,
+        "model_ms_per_step": 1e3 * times.model_s / times.steps,
+        "steps": times.steps,
+    }
+
+
+def _penalties_host(rollout, tokenizer) -> dict[str, Any]:
+    """Our host time per step with penalties on, at each of `PENALTY_LENGTHS` new tokens."""
+    batch = prompts(tokenizer, *PENALTY_PROMPTS)
+    out: dict[str, Any] = {"prompts": PENALTY_PROMPTS[0], "overrides": PENALTY_OVERRIDES}
+    for length in PENALTY_LENGTHS:
+        rc = _rollout_config(max_tokens_to_generate=length)
+
+        def call(rc=rc):
+            rollout.generate(batch, rc, ignore_eos=True, **PENALTY_OVERRIDES)
+
+        call()  # warm-up: compiles every id-table width bucket this length meets
+        out[str(length)] = _host_time(rollout, call)
+    short, long = (out[str(n)]["host_ms_per_decode_step"] for n in PENALTY_LENGTHS)
+    out[f"host_{PENALTY_LENGTHS[1]}_vs_{PENALTY_LENGTHS[0]}"] = long / short
+    return out
 
 
 def _recompiles(rollout, tokenizer) -> int:
@@ -213,7 +268,9 @@ def _vanilla_rates(model_dir: Path, runs: int) -> dict[str, float]:
     return rates
 
 
-def _tunix_rates(model_dir: Path, runs: int) -> dict[str, float]:
+def _subprocess(module: str, model_dir: Path, runs: int, *extra: str) -> dict[str, Any]:
+    """Runs `sgl_jax_rollout.bench.<module>` on stock sgl-jax in a subprocess (our engine
+    patches are process-wide) and returns its JSON; {} without sgl-jax."""
     try:
         import sgl_jax  # noqa: F401
     except ImportError:
@@ -221,15 +278,16 @@ def _tunix_rates(model_dir: Path, runs: int) -> dict[str, float]:
     cmd = [
         sys.executable,
         "-m",
-        "sgl_jax_rollout.bench.tunix_sglang_jax",
+        f"sgl_jax_rollout.bench.{module}",
         str(model_dir),
         json.dumps(SETTINGS),
         str(runs),
+        *extra,
     ]
-    print("tunix_sglang_jax: running tunix's rollout in a subprocess", file=sys.stderr)
+    print(f"{module} {' '.join(extra)}: running in a subprocess", file=sys.stderr)
     proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
     if proc.returncode != 0:
-        raise RuntimeError(f"tunix's sgl-jax rollout failed:\n{proc.stderr[-3000:]}")
+        raise RuntimeError(f"{module} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 

@@ -3,8 +3,9 @@
 Run as a subprocess by `rollout_bench` (`python -m sgl_jax_rollout.bench.tunix_sglang_jax
 MODEL_DIR SETTINGS_JSON RUNS`): our engine patches are process-wide, and tunix's rollout must
 run on stock sgl-jax. Uses the same engine settings and the weights of MODEL_DIR (tunix loads
-them into its trainer model and syncs them to the engine). Prints one JSON object:
-tokens/s (median of RUNS) per workload.
+them into its trainer model and syncs them to the engine), and tunix's defaults otherwise
+(overlap scheduling on, as its users run it). Prints one JSON object: tokens/s (median of
+RUNS) per workload.
 """
 
 from __future__ import annotations
@@ -45,7 +46,6 @@ def main(model_dir: str, settings_json: str, runs: int) -> dict:
         rollout_sglang_jax_kwargs={
             "max_total_tokens": settings["max_total_tokens"],
             "max_prefill_tokens": settings["max_prefill_tokens"],
-            "disable_overlap_schedule": True,
             "skip_server_warmup": True,
             "device": jax.default_backend(),
             "random_seed": 0,

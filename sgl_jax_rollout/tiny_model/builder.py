@@ -4,11 +4,14 @@ Owns the files of docs/design.md section 6: `config.json` (HF layout for qwen3, 
 `model.safetensors` with seeded random float32 weights scaled so next-token distributions
 have varied, clearly non-uniform entropy, `generation_config.json`, and the tokenizer files
 (from `tokenizer.py`). The same seed gives the same bytes. The model's `vocab_size` equals the
-tokenizer's length, so no padded id exists.
+tokenizer's length, so no padded id exists (except in `real_size` models).
 
 `make_tiny_model(dir, like=NAME)` writes the same tiny sizes and tokenizer with the config
 keys and features of a real checkpoint (`LIKE_PRESETS`): its architecture, RoPE theta and
-scaling, tied or untied embeddings, norm epsilon, dtype and generation defaults.
+scaling, tied or untied embeddings, norm epsilon, dtype and generation defaults. With
+`real_size=True` (presets that carry `real`) it also takes the checkpoint's sizes: hidden,
+heads, MLP and the model's vocabulary (ids past the tokenizer's are padding), optionally
+fewer `layers`, for benchmarks where the model step must weigh what it weighs on a slice.
 
 Must not import tunix or sgl_jax: both read the directory through their own loaders.
 """
@@ -77,6 +80,7 @@ class LikePreset:
       and no pad id, as Llama 3 base checkpoints ship.
     - max_positions: a floor on max_position_embeddings above the tiny shape's (llama3 RoPE
       scaling wants it above its original_max_position_embeddings, 8192, or HF warns).
+    - real, real_vocab: the checkpoint's sizes and model vocabulary (`real_size=True`).
     """
 
     arch: str
@@ -85,6 +89,8 @@ class LikePreset:
     generation: dict[str, Any]
     eos_with_bos: bool
     max_positions: int | None = None
+    real: TinyShape | None = None
+    real_vocab: int | None = None
 
 
 _QWEN_BASE = {"rms_norm_eps": 1e-06, "torch_dtype": "bfloat16"}
@@ -110,6 +116,18 @@ LIKE_PRESETS: dict[str, LikePreset] = {
         config={**_QWEN_BASE, "rope_theta": 1000000, "tie_word_embeddings": True},
         generation=_QWEN3_GENERATION,
         eos_with_bos=True,
+        # Qwen/Qwen3-0.6B config.json; weights as the tiny model's (random, seeded).
+        real=TinyShape(
+            hidden=1024,
+            intermediate=3072,
+            layers=28,
+            heads=16,
+            kv_heads=8,
+            head_dim=128,
+            max_positions=40960,
+            lm_head_std=0.3 * (64 / 1024) ** 0.5,  # the tiny model's logit scale
+        ),
+        real_vocab=151936,
     ),
     "qwen3-8b": LikePreset(
         arch="qwen3",
@@ -173,13 +191,17 @@ def make_tiny_model(
     shape: TinyShape = TinyShape(),
     like: str | None = None,
     dtype: str | None = None,
+    real_size: bool = False,
+    layers: int | None = None,
 ) -> Path:
     """Writes the model directory and returns its path. Overwrites our own files only.
 
     `arch` (default qwen3) picks the architecture of the plain tiny model; `like` instead
     copies a real checkpoint's config features (`LIKE_PRESETS`; the two exclude each other).
     `dtype` (float32 or bfloat16) is the weights' and config's dtype: by default the preset's
-    (bfloat16), or float32 for the plain model.
+    (bfloat16), or float32 for the plain model. `real_size` (with `like`) takes the
+    checkpoint's sizes and model vocabulary; `layers` then sets the depth (default: the
+    checkpoint's).
     """
     preset = None
     if like is not None:
@@ -199,11 +221,26 @@ def make_tiny_model(
         raise ValueError(f"vocab_size must be an integer >= {MIN_VOCAB}, got {vocab_size!r}")
     if not isinstance(seed, int) or seed < 0:
         raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+    model_vocab = None
+    if real_size:
+        if preset is None or preset.real is None:
+            sized = sorted(name for name, p in LIKE_PRESETS.items() if p.real is not None)
+            raise ValueError(f"real_size needs like= one of {sized}, got like={like!r}")
+        shape = preset.real
+        model_vocab = preset.real_vocab
+        if layers is not None:
+            if not isinstance(layers, int) or not 1 <= layers <= preset.real.layers:
+                raise ValueError(
+                    f"layers must be an integer in [1, {preset.real.layers}], got {layers!r}"
+                )
+            shape = dataclasses.replace(shape, layers=layers)
+    elif layers is not None:
+        raise ValueError("layers is for real_size models only")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
 
     tokenizer = train_tokenizer(vocab_size, seed)
-    vocab = tokenizer.get_vocab_size()
+    vocab = max(tokenizer.get_vocab_size(), model_vocab or 0)
     ids = {name: tokenizer.token_to_id(name) for name in (PAD, BOS, EOS, THINK_START, THINK_END)}
     _save_tokenizer(tokenizer, out)
 
@@ -232,7 +269,8 @@ def make_tiny_model(
         tensors = {name: t.astype(ml_dtypes.bfloat16) for name, t in tensors.items()}
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     log.info(
-        "tiny %s model%s (vocab %d, %d tensors, %s) written to %s",
+        "%s %s model%s (vocab %d, %d tensors, %s) written to %s",
+        "real-size" if real_size else "tiny",
         arch,
         f" like {like}" if like else "",
         vocab,

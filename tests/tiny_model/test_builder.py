@@ -331,6 +331,32 @@ def test_like_unknown_name_and_arch_with_like_raise(tmp_path):
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
 
 
+def test_real_size_takes_the_checkpoint_sizes_and_pads_the_vocabulary(tmp_path):
+    # One layer in bfloat16 keeps the file small (the 151,936 x 1,024 embedding: 311 MB).
+    directory = make_tiny_model(tmp_path / "real", like="qwen3-0.6b", real_size=True, layers=1)
+    config = json.loads((directory / "config.json").read_text())
+    sizes = {k: config[k] for k in ("hidden_size", "intermediate_size", "num_attention_heads")}
+    assert sizes == {"hidden_size": 1024, "intermediate_size": 3072, "num_attention_heads": 16}
+    assert config["num_key_value_heads"] == 8 and config["num_hidden_layers"] == 1
+    assert config["vocab_size"] == 151936 and config["tie_word_embeddings"] is True
+    with open(directory / "model.safetensors", "rb") as f:
+        header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+    assert header["model.embed_tokens.weight"]["shape"] == [151936, 1024]
+    assert "model.layers.1.mlp.up_proj.weight" not in header
+    tokenizer = json.loads((directory / "tokenizer.json").read_text())
+    assert len(tokenizer["model"]["vocab"]) < 151936  # ids past the tokenizer are padding
+
+
+def test_real_size_errors_name_the_cause(tmp_path):
+    with pytest.raises(ValueError, match=r"real_size needs like= one of \['qwen3-0.6b'\]"):
+        make_tiny_model(tmp_path / "a", like="llama-3.2-1b", real_size=True)
+    with pytest.raises(ValueError, match=r"layers must be an integer in \[1, 28\]"):
+        make_tiny_model(tmp_path / "b", like="qwen3-0.6b", real_size=True, layers=29)
+    with pytest.raises(ValueError, match="real_size models only"):
+        make_tiny_model(tmp_path / "c", layers=2)
+    assert not any((tmp_path / d).exists() for d in "abc")
+
+
 def test_plain_model_bytes_are_pinned(qwen3_dir):
     """The plain model (no `like`) is unchanged: json and weights byte for byte."""
     digest = _digest(qwen3_dir)
