@@ -4,8 +4,8 @@ Owns argument parsing and dispatch only: each subcommand calls one library funct
 Subcommands: `demo` (the main job, `tunix_adapter.demo`), `compare` and `check --model-path
 DIR` (the pre-flight, `tunix_adapter.check`): these reach the trainer side, imported only when
 the subcommand runs; `make-tiny-model DIR [--arch A | --like NAME [--real-size [--layers N]]]`,
-`bench sampler|rollout|weights [--json]`, `bench soak [--requests N] [--cycles C] [--json]`
-(exits 1 when the soak finds a bad completion or memory growth).
+`bench sampler|rollout|weights [--json] [--real-size-layers N]`, `bench soak [--requests N]
+[--cycles C] [--json]` (exits 1 when the soak finds a bad completion or memory growth).
 """
 
 from __future__ import annotations
@@ -93,8 +93,12 @@ def _bench(args: argparse.Namespace) -> int:
             return 2
         from sgl_jax_rollout.bench import rollout_bench
 
-        run = rollout_bench.run_rollout if args.target == "rollout" else rollout_bench.run_weights
-        result = run(model_dir=args.model_path, runs=args.runs)
+        if args.target == "rollout":
+            result = rollout_bench.run_rollout(
+                model_dir=args.model_path, runs=args.runs, real_size_layers=args.real_size_layers
+            )
+        else:
+            result = rollout_bench.run_weights(model_dir=args.model_path, runs=args.runs)
     if args.json:
         print(json.dumps(result))
     else:
@@ -310,6 +314,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="rollout / weights / soak: HF model dir (default: tiny model)",
     )
     bench.add_argument(
+        "--real-size-layers",
+        type=int,
+        default=2,
+        help="rollout: layers of the second, Qwen3-0.6B-sized model (generated offline on first "
+        "use, 620 MB + 63 MB per layer; 0 skips it)",
+    )
+    bench.add_argument(
         "--requests",
         type=int,
         default=1000,
@@ -339,6 +350,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--runs must be >= 5, got {args.runs}")
     if args.command == "make-tiny-model" and args.arch and args.like:
         parser.error("--arch and --like exclude each other (--like sets the architecture)")
+    if args.command == "bench" and not 0 <= args.real_size_layers <= 28:
+        parser.error(f"--real-size-layers must be in [0, 28], got {args.real_size_layers}")
     if args.command == "make-tiny-model" and args.layers is not None and not args.real_size:
         parser.error("--layers needs --real-size")
     try:

@@ -20,7 +20,11 @@ model step minus the time in the jitted model and sampler calls (`engine.profili
 measured), with the sampler's milliseconds per step beside it (`host_time`). `penalties_host`:
 our host milliseconds per decode step with penalties on (`PENALTY_OVERRIDES`) at
 `PENALTY_LENGTHS` generated tokens, and their ratio: host work that grows with the length of
-a generation shows there.
+a generation shows there (an engine of its own, `PENALTY_SETTINGS`). `real_size`: the same
+columns (ours full, stock with overlap on / off, host times) for a second model with
+Qwen3-0.6B's dimensions and vocabulary and `REAL_SIZE_LAYERS` layers (`real_size_layers`; 0
+skips it), generated offline on first use, where the model step and the 151,936-id sampler
+weigh what they weigh on a slice.
 
 `weights`: `update_params` with the trainer's nnx state (mapped, resharded, checked, swapped,
 cache flushed) against a plain `jax.device_put` copy of the same pytree: median of >= 5,
@@ -50,13 +54,14 @@ from sgl_jax_rollout.utils.compiles import count_compiles
 
 LORA_RANK = 8
 SETTINGS = dict(
-    context_length=1024,  # the longest penalties workload: 40 + 512 tokens
+    context_length=512,
     max_running_requests=64,
     precompile_bs_paddings=(1, 4, 16, 64),
     precompile_token_paddings=(256, 1024, 4096),
     max_prefill_tokens=4096,
     # Enough for 64 x (16 + 64) tokens. On CPU the attention cost grows with the KV pool
-    # (32768 tokens: 64 ms per decode step at batch 16; 8192: 37 ms).
+    # (32768 tokens: 64 ms per decode step at batch 16; 8192: 37 ms) and with the context
+    # length (1024: about 2.5x the step of 512).
     max_total_tokens=8192,
     page_size=1,
     disable_radix_cache=False,
@@ -65,6 +70,25 @@ SETTINGS = dict(
 PENALTY_PROMPTS = (8, (5, 40))  # count, (min, max) prompt tokens
 PENALTY_LENGTHS = (64, 512)
 PENALTY_OVERRIDES = dict(repetition_penalty=1.1, frequency_penalty=0.2, presence_penalty=0.1)
+# An engine of its own: 40 + 512 tokens need a longer context than the throughput workloads.
+PENALTY_SETTINGS = dict(
+    SETTINGS,
+    context_length=1024,
+    max_running_requests=8,
+    precompile_bs_paddings=(8,),
+    precompile_token_paddings=(512,),
+)
+
+# The second model size: Qwen3-0.6B's dimensions and vocabulary (`real_size_model_dir`), few
+# layers so a 2-core run finishes in minutes; its model step and sampler (151,936 ids) dominate.
+REAL_SIZE_LAYERS = 2
+REAL_SIZE_WORKLOADS = {"8x32_varied": (8, (5, 40), 32)}
+REAL_SIZE_SETTINGS = dict(
+    SETTINGS,
+    max_running_requests=8,
+    precompile_bs_paddings=(8,),
+    precompile_token_paddings=(512,),
+)
 
 # Ten calls that vary every sampling setting: (rollout config changes, per-call overrides).
 VARIED_CALLS = [
@@ -99,7 +123,9 @@ def _median_rate(call, tokens: int, runs: int, label: str) -> float:
     return statistics.median(rates)
 
 
-def run_rollout(model_dir: str | Path | None = None, runs: int = 5) -> dict:
+def run_rollout(
+    model_dir: str | Path | None = None, runs: int = 5, real_size_layers: int = REAL_SIZE_LAYERS
+) -> dict:
     from sgl_jax_rollout.rollout import SglangJaxRollout
     from sgl_jax_rollout.tiny_model import default_model_dir
 
@@ -109,7 +135,6 @@ def run_rollout(model_dir: str | Path | None = None, runs: int = 5) -> dict:
         "device": jax.default_backend(),
         "runs": runs,
         "engine_settings": SETTINGS,
-        "tokens_per_s": {},
     }
     vanilla = _vanilla_rates(model_dir, runs)
     tunix = _subprocess("tunix_sglang_jax", model_dir, runs)
@@ -117,70 +142,104 @@ def run_rollout(model_dir: str | Path | None = None, runs: int = 5) -> dict:
     stock_no_overlap = _subprocess("sgl_jax_stock", model_dir, runs, "0")
     rollout = SglangJaxRollout(model_path=model_dir, engine_settings=SETTINGS)
     try:
-        tokenizer = rollout.engine.tokenizer
-        host = {}
-        for name, (count, lengths, new_tokens) in WORKLOADS.items():
-            batch = prompts(tokenizer, count, lengths)
-            rc = _rollout_config(max_tokens_to_generate=new_tokens)
-            tokens = count * new_tokens
-            full = _median_rate(
-                lambda b=batch, c=rc: rollout.generate(b, c, ignore_eos=True),
-                tokens,
-                runs,
-                f"ours_full {name}",
-            )
-            plain = _median_rate(
+        ours = _ours(rollout, WORKLOADS, runs, plain=True)
+        result["recompiles_after_warmup"] = _recompiles(rollout, rollout.engine.tokenizer)
+    finally:
+        rollout.shutdown()
+    result.update(_columns(ours, stock, stock_no_overlap, tunix=tunix, vanilla=vanilla))
+    rollout = SglangJaxRollout(model_path=model_dir, engine_settings=PENALTY_SETTINGS)
+    try:
+        result["penalties_host"] = _penalties_host(rollout, rollout.engine.tokenizer)
+    finally:
+        rollout.shutdown()
+    if real_size_layers:
+        result["real_size"] = _real_size(real_size_layers, runs)
+    return result
+
+
+def _ours(rollout, workloads: dict, runs: int, plain: bool) -> dict[str, dict[str, Any]]:
+    """Per workload: `ours_full` tokens/s (logprobs and full entropy), with `plain` also
+    `ours_plain` (neither), and the host time of one more full call."""
+    out = {}
+    for name, (count, lengths, new_tokens) in workloads.items():
+        batch = prompts(rollout.engine.tokenizer, count, lengths)
+        rc = _rollout_config(max_tokens_to_generate=new_tokens)
+
+        def full(b=batch, c=rc):
+            rollout.generate(b, c, ignore_eos=True)
+
+        out[name] = {"ours_full": _median_rate(full, count * new_tokens, runs, f"ours {name}")}
+        if plain:
+            out[name]["ours_plain"] = _median_rate(
                 lambda b=batch, c=rc: rollout.generate(
                     b, c, ignore_eos=True, return_logprobs=False, return_entropy=False
                 ),
-                tokens,
+                count * new_tokens,
                 runs,
                 f"ours_plain {name}",
             )
-            ours_host = _host_time(
-                rollout, lambda b=batch, c=rc: rollout.generate(b, c, ignore_eos=True)
-            )
-            host[name] = {
-                "ours": ours_host,
-                "sgl_jax_stock": {
-                    k: v for k, v in stock_no_overlap.get(name, {}).items() if k != "tokens_per_s"
-                }
-                or None,
+        out[name]["host"] = _host_time(rollout, full)
+    return out
+
+
+def _columns(ours: dict, stock: dict, stock_no_overlap: dict, **others: dict) -> dict[str, Any]:
+    """`tokens_per_s`, `host_time`, `host_ms_per_decode_step` and `ratios` of one model, from
+    our measurements, the stock engine's (overlap on / off) and `others` (name -> rates)."""
+    rates, host = {}, {}
+    for name, mine in ours.items():
+        rates[name] = {k: v for k, v in mine.items() if k != "host"}
+        rates[name]["sgl_jax_stock"] = stock.get(name, {}).get("tokens_per_s")
+        rates[name]["sgl_jax_stock_no_overlap"] = stock_no_overlap.get(name, {}).get("tokens_per_s")
+        for other, values in others.items():
+            rates[name][other] = values.get(name)
+        stock_host = dict(stock_no_overlap.get(name, {}))
+        stock_host.pop("tokens_per_s", None)
+        host[name] = {"ours": mine["host"], "sgl_jax_stock": stock_host or None}
+    ratios = {}
+    for name, r in rates.items():
+        ratios[name] = {
+            f"full_vs_{other.removeprefix('ours_')}": r["ours_full"] / r[other]
+            if r.get(other)
+            else None
+            for other in r
+            if other != "ours_full" and not other.endswith("no_overlap")
+        }
+    return {
+        "tokens_per_s": rates,
+        "host_time": host,
+        "host_ms_per_decode_step": {
+            name: {
+                backend: (values or {}).get("host_ms_per_decode_step")
+                for backend, values in h.items()
             }
-            result["tokens_per_s"][name] = {
-                "ours_full": full,
-                "ours_plain": plain,
-                "tunix_sglang_jax": tunix.get(name),
-                "sgl_jax_stock": stock.get(name, {}).get("tokens_per_s"),
-                "sgl_jax_stock_no_overlap": stock_no_overlap.get(name, {}).get("tokens_per_s"),
-                "vanilla": vanilla[name],
-            }
-        result["host_time"] = host
-        result["penalties_host"] = _penalties_host(rollout, tokenizer)
-        result["recompiles_after_warmup"] = _recompiles(rollout, tokenizer)
+            for name, h in host.items()
+        },
+        "ratios": ratios,
+    }
+
+
+def _real_size(layers: int, runs: int) -> dict[str, Any]:
+    """The second model size (`REAL_SIZE_*`): ours (full) against the stock engine."""
+    from sgl_jax_rollout.rollout import SglangJaxRollout
+    from sgl_jax_rollout.tiny_model import real_size_model_dir
+
+    model_dir = real_size_model_dir(layers)
+    extra = (json.dumps(REAL_SIZE_WORKLOADS),)
+    stock = _subprocess("sgl_jax_stock", model_dir, runs, "1", *extra, settings=REAL_SIZE_SETTINGS)
+    stock_no_overlap = _subprocess(
+        "sgl_jax_stock", model_dir, runs, "0", *extra, settings=REAL_SIZE_SETTINGS
+    )
+    rollout = SglangJaxRollout(model_path=model_dir, engine_settings=REAL_SIZE_SETTINGS)
+    try:
+        ours = _ours(rollout, REAL_SIZE_WORKLOADS, runs, plain=False)
     finally:
         rollout.shutdown()
-    result["ratios"] = {
-        name: {
-            "full_vs_plain": r["ours_full"] / r["ours_plain"],
-            "full_vs_tunix_sglang_jax": (
-                r["ours_full"] / r["tunix_sglang_jax"] if r["tunix_sglang_jax"] else None
-            ),
-            "full_vs_sgl_jax_stock": (
-                r["ours_full"] / r["sgl_jax_stock"] if r["sgl_jax_stock"] else None
-            ),
-            "full_vs_vanilla": r["ours_full"] / r["vanilla"],
-        }
-        for name, r in result["tokens_per_s"].items()
+    return {
+        "model": str(model_dir),
+        "layers": layers,
+        "engine_settings": REAL_SIZE_SETTINGS,
+        **_columns(ours, stock, stock_no_overlap),
     }
-    result["host_ms_per_decode_step"] = {
-        name: {
-            backend: (h[backend] or {}).get("host_ms_per_decode_step")
-            for backend in ("ours", "sgl_jax_stock")
-        }
-        for name, h in result["host_time"].items()
-    }
-    return result
 
 
 def _host_time(rollout, call) -> dict[str, float]:
@@ -268,7 +327,9 @@ def _vanilla_rates(model_dir: Path, runs: int) -> dict[str, float]:
     return rates
 
 
-def _subprocess(module: str, model_dir: Path, runs: int, *extra: str) -> dict[str, Any]:
+def _subprocess(
+    module: str, model_dir: Path, runs: int, *extra: str, settings: dict = SETTINGS
+) -> dict[str, Any]:
     """Runs `sgl_jax_rollout.bench.<module>` on stock sgl-jax in a subprocess (our engine
     patches are process-wide) and returns its JSON; {} without sgl-jax."""
     try:
@@ -280,11 +341,11 @@ def _subprocess(module: str, model_dir: Path, runs: int, *extra: str) -> dict[st
         "-m",
         f"sgl_jax_rollout.bench.{module}",
         str(model_dir),
-        json.dumps(SETTINGS),
+        json.dumps(settings),
         str(runs),
         *extra,
     ]
-    print(f"{module} {' '.join(extra)}: running in a subprocess", file=sys.stderr)
+    print(f"{module} {' '.join(extra)}: running on {model_dir} in a subprocess", file=sys.stderr)
     proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
     if proc.returncode != 0:
         raise RuntimeError(f"{module} failed:\n{proc.stderr[-3000:]}")

@@ -1,10 +1,12 @@
 """The sgl-jax engine as it ships, timed on the rollout benchmark's workloads.
 
 Run as a subprocess by `rollout_bench` (`python -m sgl_jax_rollout.bench.sgl_jax_stock
-MODEL_DIR SETTINGS_JSON RUNS OVERLAP`): our engine patches are process-wide, and this is the
-engine without them: its own sampler, no logprobs, no entropy, what a user gets without us.
+MODEL_DIR SETTINGS_JSON RUNS OVERLAP [WORKLOADS_JSON]`): our engine patches are
+process-wide, and this is the engine without them: its own sampler, no logprobs, no
+entropy, what a user gets without us.
 Same engine settings (`EngineSettings`) and prompt ids (BOS + the tokenizer's ids, as our
-rollout sends them); `OVERLAP` (1 / 0) turns upstream's overlap scheduler on or off.
+rollout sends them); `OVERLAP` (1 / 0) turns upstream's overlap scheduler on or off;
+`WORKLOADS_JSON` replaces `workloads.WORKLOADS`.
 
 Prints one JSON object, per workload: `tokens_per_s` (median of RUNS after a warm-up call),
 and with overlap off the host time of one more call, measured as for our rollout
@@ -21,7 +23,9 @@ import sys
 import time
 
 
-def main(model_dir: str, settings_json: str, runs: int, overlap: bool) -> dict:
+def main(
+    model_dir: str, settings_json: str, runs: int, overlap: bool, workloads: dict | None = None
+) -> dict:
     import jax
     from sgl_jax.srt.entrypoints.engine import Engine
     from transformers import AutoTokenizer
@@ -39,7 +43,7 @@ def main(model_dir: str, settings_json: str, runs: int, overlap: bool) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     bos = inputs.bos_prefix(tokenizer.bos_token_id)
     result = {}
-    for name, (count, lengths, new_tokens) in WORKLOADS.items():
+    for name, (count, lengths, new_tokens) in (workloads or WORKLOADS).items():
         ids = [
             bos + tokenizer.encode(text, add_special_tokens=False)
             for text in prompts(tokenizer, count, lengths)
@@ -77,7 +81,8 @@ def main(model_dir: str, settings_json: str, runs: int, overlap: bool) -> dict:
 
 
 if __name__ == "__main__":
-    out = main(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1")
+    workloads = json.loads(sys.argv[5]) if len(sys.argv) > 5 else None
+    out = main(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1", workloads)
     print(json.dumps(out))
     sys.stdout.flush()
     import os

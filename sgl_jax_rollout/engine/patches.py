@@ -105,7 +105,7 @@ from sgl_jax_rollout.engine.availability import PINNED_COMMIT
 from sgl_jax_rollout.engine.collector import Collector, StepValues
 from sgl_jax_rollout.engine.dp_attention import per_rank_native_attention
 from sgl_jax_rollout.engine.idle_work import IdleWork
-from sgl_jax_rollout.engine.rows import RequestSpec, build_rows, sampler_config
+from sgl_jax_rollout.engine.rows import RequestSpec, build_rows, pack_rows, sampler_config
 from sgl_jax_rollout.sampling.batch import SamplerConfig
 from sgl_jax_rollout.sampling.options import SamplingOptions
 
@@ -482,17 +482,14 @@ def _sampling_metadata_rows(original, batch, pad_size=0, mesh=None, vocab_size=3
 
 
 def _with_rows(stock: Any, config: SamplerConfig, host_rows: Any, mesh: Any):
-    """Stock `SamplingMetadata` children plus our rows placed on the mesh, `config` as aux."""
+    """Stock `SamplingMetadata` children plus our rows placed on the mesh (one transfer of
+    `PackedRows`), `config` as aux."""
     from sgl_jax_rollout.engine.sampler_module import (
         STOCK_METADATA_CHILDREN,
         RolloutSamplingMetadata,
     )
 
-    sharding = NamedSharding(mesh, P("data"))
-    token_sharding = NamedSharding(mesh, P("data", None))
-    device_rows = jax.tree_util.tree_map(
-        lambda x: jax.device_put(x, sharding if x.ndim == 1 else token_sharding), host_rows
-    )
+    device_rows = jax.device_put(pack_rows(host_rows), NamedSharding(mesh, P("data", None)))
     children, aux = stock.tree_flatten()
     aux = {k: v for k, v in aux.items() if k != "rollout_config"}
     return RolloutSamplingMetadata.tree_unflatten(
@@ -519,7 +516,7 @@ def _sample_every_mode_while_precompiling(original, self, logits_output, samplin
     hooks = _hooks()
     if hooks is None or not hooks.precompiling:
         return result
-    size = len(sampling_metadata.rollout_rows.temperature)
+    size = sampling_metadata.rollout_rows.size
     for config in hooks.sampler_configs:
         rows = build_rows([], [], [], size, config)
         jax.block_until_ready(
@@ -545,11 +542,20 @@ def _step_values(original, self, batch, result, *args, **kwargs):
         # Upstream's tp_worker has already gathered `next_token_logprobs` to these rows (its
         # `logits_indices_selector`: the requests in row order, padding dropped); our own
         # outputs still have every padded row, so gather them the same way.
+        logprobs, *per_row = jax.device_get(  # one call: each transfer costs the host
+            (
+                out.next_token_logprobs,
+                out.rollout_entropy,
+                out.rollout_top_logprob_ids,
+                out.rollout_top_logprobs,
+            )
+        )
+        entropy, top_ids, top_values = (None if x is None else x[filled] for x in per_row)
         values = StepValues(
-            logprobs=_host(out.next_token_logprobs),
-            entropy=_host(out.rollout_entropy, filled),
-            top_logprob_ids=_host(out.rollout_top_logprob_ids, filled),
-            top_logprobs=_host(out.rollout_top_logprobs, filled),
+            logprobs=logprobs,
+            entropy=entropy,
+            top_logprob_ids=top_ids,
+            top_logprobs=top_values,
         )
         hooks.collector.stash_step([rows[i] for i in filled], values)
     except Exception as err:
@@ -558,13 +564,6 @@ def _step_values(original, self, batch, result, *args, **kwargs):
         return original(self, batch, result, *args, **kwargs)
     finally:
         hooks.collector.end_step()
-
-
-def _host(x, rows: list[int] | None = None) -> np.ndarray | None:
-    if x is None:
-        return None
-    x = np.asarray(jax.device_get(x))
-    return x if rows is None else x[rows]
 
 
 def _record_before_stream(original, self, reqs, *args, **kwargs):

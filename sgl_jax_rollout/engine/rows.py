@@ -5,7 +5,9 @@ seed, the stop ids that `min_new_tokens` holds back), the static `SamplerConfig`
 of a listed mode (`sampler_config`, `mode_config`, `extra_sampler_configs`), and `build_rows`,
 which turns the requests of one engine batch into a host-side `SamplingBatch` padded to the
 engine's batch bucket. Token-id arrays are padded to power-of-two widths so a batch with
-penalties compiles once per width bucket, never per prompt length.
+penalties compiles once per width bucket, never per prompt length. `PackedRows` carries a
+`SamplingBatch` as three arrays (plus the id tables) so a step moves its rows to the device in
+one transfer of few arrays (`pack_rows`; `unpack_rows` slices them back, inside jit).
 
 Host-side only: numpy, no sgl_jax import (tested without the engine).
 """
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -27,6 +29,15 @@ from sgl_jax_rollout.sampling.batch import (
 from sgl_jax_rollout.sampling.options import SamplingOptions
 
 MIN_TOKEN_WIDTH = 64
+FLOAT_COLUMNS = (
+    "temperature",
+    "top_p",
+    "min_p",
+    "repetition_penalty",
+    "frequency_penalty",
+    "presence_penalty",
+)
+INT_COLUMNS = ("top_k", "min_new_tokens", "num_generated")
 MIN_STOP_WIDTH = 8
 # The `SamplingOptions` fields that choose the sampler's static config (with penalties on/off).
 MODE_FIELDS = (
@@ -173,3 +184,48 @@ def build_rows(
 def _padded(rows: Sequence[Sequence[int]], padded_rows: int, minimum: int) -> np.ndarray:
     width = bucket(max([0, *(len(r) for r in rows)]), minimum)
     return token_id_table(rows, width, padded_rows)
+
+
+class PackedRows(NamedTuple):
+    """A `SamplingBatch` as few arrays (a pytree): `floats` `[B, len(FLOAT_COLUMNS)]`,
+    `ints` `[B, len(INT_COLUMNS)]`, `keys` `[B, 2]`, and the id tables (None without
+    penalties). Each array is a transfer of its own: ten columns cost a step about four
+    times the host time of these three (measured on CPU, 0.34 vs 0.09 ms)."""
+
+    floats: Any
+    ints: Any
+    keys: Any
+    prompt_ids: Any = None
+    output_ids: Any = None
+    stop_token_ids: Any = None
+
+    @property
+    def size(self) -> int:
+        return self.floats.shape[0]
+
+
+def pack_rows(batch: SamplingBatch) -> PackedRows:
+    """Host side: the columns of `batch` stacked by dtype."""
+    return PackedRows(
+        floats=np.stack([np.asarray(getattr(batch, f), np.float32) for f in FLOAT_COLUMNS], 1),
+        ints=np.stack([np.asarray(getattr(batch, f), np.int32) for f in INT_COLUMNS], 1),
+        keys=np.asarray(batch.keys, np.uint32),
+        prompt_ids=batch.prompt_ids,
+        output_ids=batch.output_ids,
+        stop_token_ids=batch.stop_token_ids,
+    )
+
+
+def unpack_rows(packed: PackedRows) -> SamplingBatch:
+    """The `SamplingBatch` of `pack_rows`: column slices only, so it runs on numpy arrays and
+    on traced ones inside jit alike."""
+    floats = {f: packed.floats[:, i] for i, f in enumerate(FLOAT_COLUMNS)}
+    ints = {f: packed.ints[:, i] for i, f in enumerate(INT_COLUMNS)}
+    return SamplingBatch(
+        **floats,
+        **ints,
+        keys=packed.keys,
+        prompt_ids=packed.prompt_ids,
+        output_ids=packed.output_ids,
+        stop_token_ids=packed.stop_token_ids,
+    )

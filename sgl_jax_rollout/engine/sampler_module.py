@@ -1,9 +1,10 @@
 """Our sampler as sgl-jax's model runner sees it, and the pytrees that carry its data.
 
 Owns:
-- `RolloutSamplingMetadata`: sgl-jax's `SamplingMetadata` plus one child, our `SamplingBatch`
-  for the step, and our static `SamplerConfig` in the aux data (one compile per config and
-  batch bucket; per-row settings never recompile).
+- `RolloutSamplingMetadata`: sgl-jax's `SamplingMetadata` plus one child, our rows for the
+  step (`rows.PackedRows`, unpacked to a `SamplingBatch` inside the jitted step), and our
+  static `SamplerConfig` in the aux data (one compile per config and batch bucket; per-row
+  settings never recompile).
 - `RolloutLogitsOutput`: sgl-jax's `LogitsProcessorOutput` (12 fixed pytree children) plus
   our per-token entropy and top logprobs. Extra attributes on the stock class would be
   dropped at the jit boundary, hence a registered subclass.
@@ -26,6 +27,7 @@ from jax.tree_util import register_pytree_node_class
 from sgl_jax.srt.layers.logits_processor import LogitsProcessorOutput
 from sgl_jax.srt.sampling.sampling_batch_info import SamplingMetadata
 
+from sgl_jax_rollout.engine.rows import PackedRows, unpack_rows
 from sgl_jax_rollout.sampling.batch import SamplerConfig, SamplerOutput, SamplingBatch, step_keys
 from sgl_jax_rollout.sampling.sampler import sample
 
@@ -36,7 +38,7 @@ STOCK_OUTPUT_CHILDREN = 12
 @register_pytree_node_class
 @dataclasses.dataclass
 class RolloutSamplingMetadata(SamplingMetadata):
-    rollout_rows: SamplingBatch | None = None
+    rollout_rows: PackedRows | None = None
     rollout_config: SamplerConfig | None = None
 
     def tree_flatten(self):
@@ -103,7 +105,7 @@ class RolloutSampler(nnx.Module):
         logits = jax.sharding.reshard(
             logits_output.next_token_logits, NamedSharding(self.mesh, P("data", None))
         )
-        rows = sampling_metadata.rollout_rows
+        rows = unpack_rows(sampling_metadata.rollout_rows)
         batch = dataclasses.replace(rows, keys=step_keys(rows.keys, rows.num_generated))
         out = self._sample(logits, batch, sampling_metadata.rollout_config)
         replicated = NamedSharding(self.mesh, P(None))

@@ -8,6 +8,7 @@ from sgl_jax_rollout.tiny_model.builder import (
     default_model_dir,
     like_preset,
     make_tiny_model,
+    real_size_model_dir,
 )
 
 __all__ = [
@@ -18,4 +19,5 @@ __all__ = [
     "default_model_dir",
     "like_preset",
     "make_tiny_model",
+    "real_size_model_dir",
 ]

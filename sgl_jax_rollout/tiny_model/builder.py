@@ -434,12 +434,28 @@ def default_model_dir() -> Path:
     `$SGL_JAX_ROLLOUT_CACHE` overrides the cache root (default `~/.cache/sgl-jax-rollout`).
     The files are deterministic, so an existing complete directory is reused as is.
     """
+    return _cached("tiny-qwen3-seed0", make_tiny_model)
+
+
+def real_size_model_dir(layers: int) -> Path:
+    """A Qwen3-0.6B-sized model with `layers` layers (float32, random weights, seed 0), for
+    benchmarks; built on first use in the same cache as `default_model_dir` (620 MB of
+    embedding plus 63 MB per layer)."""
+    return _cached(
+        f"qwen3-0.6b-size-{layers}-layers-seed0",
+        lambda out: make_tiny_model(
+            out, like="qwen3-0.6b", real_size=True, layers=layers, dtype="float32"
+        ),
+    )
+
+
+def _cached(name: str, build) -> Path:
     root = Path(os.environ.get("SGL_JAX_ROLLOUT_CACHE", Path.home() / ".cache" / "sgl-jax-rollout"))
-    out = root / "tiny-qwen3-seed0"
+    out = root / name
     if not (out / "model.safetensors").is_file():
-        staging = Path(tempfile.mkdtemp(prefix="tiny-", dir=root if root.exists() else None))
-        make_tiny_model(staging)
-        out.parent.mkdir(parents=True, exist_ok=True)
+        root.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix="tiny-", dir=root))
+        build(staging)
         try:
             staging.rename(out)
         except OSError:  # another process finished first: its files are identical

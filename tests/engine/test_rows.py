@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -12,7 +15,9 @@ from sgl_jax_rollout.engine.rows import (
     bucket,
     build_rows,
     extra_sampler_configs,
+    pack_rows,
     sampler_config,
+    unpack_rows,
 )
 from sgl_jax_rollout.sampling.batch import NO_TOKEN, row_key, step_keys
 from sgl_jax_rollout.sampling.options import SamplingOptions
@@ -123,3 +128,31 @@ def test_extra_sampler_configs_are_what_such_requests_use():
     assert configs == tuple(wanted)
     assert wanted[2].penalties and not wanted[0].penalties
     assert sampler_config([], 1000) not in configs
+
+
+@pytest.mark.parametrize("penalties", [False, True])
+def test_packed_rows_unpack_to_the_same_batch_on_host_and_in_jit(penalties):
+    specs = [
+        spec(temperature=0.7, top_k=5, top_p=0.9, min_p=0.05, seed=2**40 + 3),
+        None,
+        spec(
+            repetition_penalty=1.2,
+            frequency_penalty=0.3,
+            presence_penalty=-0.1,
+            min_new_tokens=4,
+            stop_ids=(7,),
+            seed=9,
+        ),
+    ]
+    config = dataclasses.replace(sampler_config([s for s in specs if s], None), penalties=penalties)
+    rows = build_rows(specs, [[1, 2], [], [3]], [[4], [], [5, 6, 7]], 4, config)
+    packed = pack_rows(rows)
+    assert sum(x is not None for x in packed) == (6 if penalties else 3)  # arrays moved per step
+    for unpacked in (unpack_rows(packed), jax.jit(unpack_rows)(packed)):
+        for field in dataclasses.fields(rows):
+            want, got = getattr(rows, field.name), getattr(unpacked, field.name)
+            if want is None:
+                assert got is None, field.name
+                continue
+            assert np.asarray(got).dtype == want.dtype, field.name
+            np.testing.assert_array_equal(np.asarray(got), want, err_msg=field.name)
