@@ -3,8 +3,9 @@
 Checked against sgl-project/sglang-jax commit cddbf6f1cc33cbdd453bd8f36ff7051cf46ca176
 (`python/sgl_jax/srt/...`). Each patch is named, wraps (never copies) the upstream function,
 and is applied once per process (`apply`); `check_upstream` fails loudly when an upstream
-name or signature it relies on changes. The engine must run with overlap scheduling off
-(`engine.py` forces it): penalties need each request's output ids on the host at every step.
+name or signature it relies on changes. Overlap scheduling works as upstream runs it: what
+the sampler needs of a request's output (tokens generated, penalty tables) lives on the device
+per request slot (`slot_state.py`), never read from the host's lagging output ids.
 
 Containment (docs/design.md section 8): no fault on an engine thread may take the trainer's
 process down. `step_guard` keeps a failing step to its own requests; `contained_signals`
@@ -15,11 +16,20 @@ instead of raising.
 - `sampler_class`: `model_executor.model_runner.Sampler` -> `RolloutSampler`. Replaced before
   the Engine is built, so the runner's `initialize_jit` and precompile include our sampler.
 - `worker_batch_rows`: wraps `ScheduleBatch.get_model_worker_batch` to attach our per-row
-  settings (`rows.build_rows`) for the batch's requests, in row order.
+  settings (`rows.build_rows`) and request slots for the batch's requests, in row order.
 - `sampling_metadata_rows`: wraps `SamplingMetadata.from_model_worker_batch` to return a
   `RolloutSamplingMetadata` carrying those rows on the mesh (neutral rows for precompile).
-- `step_values`: wraps `Scheduler.process_batch_result` to hand the step's per-row sampler
-  outputs to the collector before the result is processed.
+- `sample_with_slot_state`: wraps `ModelRunner.sample` (run on the thread that runs the step:
+  the forward thread with overlap): hands the sampler the slot state and keeps the advanced
+  state it returns; a sampler that fails (a compile of a new config) is run again with neutral
+  rows, and the step's requests are failed from the scheduler thread; while upstream
+  precompiles, runs the step's sampler again under each extra config
+  (precompile_sampler_modes).
+- `step_values`: wraps `Scheduler.process_batch_result` (without overlap) and
+  `ModelWorkerClient.resolve_last_batch_result` (with overlap: the step's outputs reach the
+  scheduler there) to hand the step's per-row sampler outputs to the collector before the
+  result is processed. With overlap a request that finished at step t is in step t + 1 too;
+  the collector has closed it and ignores that value.
 - `record_before_stream`: wraps `Scheduler.stream_output` so per-token values are recorded
   (and completions finalised) before sgl-jax sends the output to the caller.
 - `native_attention_per_rank`: wraps `NativeAttention.__call__` (the attention sgl-jax uses
@@ -66,11 +76,12 @@ instead of raising.
   subclass only overrides `_compute_inv_freq`, which nothing on that path calls: every Llama
   3.1 / 3.2 checkpoint (rope_scaling "llama3") is served with unscaled RoPE, another function
   than the checkpoint's (0.2 nats at positions past 1,024 on a tiny replica).
-- `precompile_sampler_modes`: wraps `ModelWorker.run_precompile` and `ModelRunner.sample`:
-  while upstream precompiles (every extend and decode batch bucket), each sampler step is run
-  again with neutral rows under every extra `SamplerConfig` of the engine (the modes the
-  rollout derives from its defaults and `EngineSettings.sampler_modes`), so a run meets no
-  sampler compile for those modes. Upstream precompiles its one sampler.
+- `precompile_sampler_modes`: wraps `ModelWorker.run_precompile` (and `ModelRunner.sample`,
+  in `sample_with_slot_state`): while upstream precompiles (every extend and decode batch
+  bucket), each sampler step is run again with neutral rows under every extra
+  `SamplerConfig` of the engine (the modes the rollout derives from its defaults and
+  `EngineSettings.sampler_modes`), so a run meets no sampler compile for those modes.
+  Upstream precompiles its one sampler.
 - `detokenizer_forgets_finished`: wraps `DetokenizerManager.handle_batch_token_id_out` to drop
   a finished request's decode state (its token ids and text). Upstream keeps every request's
   state until `SGLANG_DETOKENIZER_MAX_STATES` (65,536) requests have passed
@@ -81,6 +92,8 @@ instead of raising.
 
 from __future__ import annotations
 
+import collections
+import copy
 import dataclasses
 import faulthandler
 import functools
@@ -105,7 +118,14 @@ from sgl_jax_rollout.engine.availability import PINNED_COMMIT
 from sgl_jax_rollout.engine.collector import Collector, StepValues
 from sgl_jax_rollout.engine.dp_attention import per_rank_native_attention
 from sgl_jax_rollout.engine.idle_work import IdleWork
-from sgl_jax_rollout.engine.rows import RequestSpec, build_rows, pack_rows, sampler_config
+from sgl_jax_rollout.engine.rows import (
+    RequestSpec,
+    build_rows,
+    pack_rows,
+    sampler_config,
+    slot_table,
+)
+from sgl_jax_rollout.engine.slot_state import SlotState, new_slot_state
 from sgl_jax_rollout.sampling.batch import SamplerConfig
 from sgl_jax_rollout.sampling.options import SamplingOptions
 
@@ -140,6 +160,10 @@ class EngineHooks:
     detokenizer_states: int = 0  # decode states the detokenizer held after its last batch
     sampler_configs: tuple[SamplerConfig, ...] = ()  # compiled at start besides the default
     precompiling: bool = False  # set while upstream precompiles
+    slot_state: SlotState | None = None  # the sampler's device state, owned by the step thread
+    # (request ids, error) of sampler calls that failed, for the scheduler thread to fail.
+    failed_samples: collections.deque = dataclasses.field(default_factory=collections.deque)
+    processing: Any = None  # (scheduler, batch) while an overlapped result is processed
 
     def end(self, reason: str) -> None:
         with _END_LOCK:
@@ -202,6 +226,7 @@ _UPSTREAM = {
     "DetokenizerManager.handle_batch_token_id_out": ("self", "recv_obj"),
     "ModelWorker.run_precompile": ("self",),
     "ModelRunner.sample": ("self", "logits_output", "sampling_metadata"),
+    "ModelWorkerClient.resolve_last_batch_result": ("self", "launch_done"),
     "ModelRunner.initialize_jit": ("self",),
     "Llama3RotaryEmbedding.__init__": (
         "self",
@@ -233,6 +258,7 @@ def _upstream_objects() -> dict[str, Any]:
     from sgl_jax.srt.managers.schedule_batch import ScheduleBatch
     from sgl_jax.srt.managers.scheduler import Scheduler
     from sgl_jax.srt.managers.tp_worker import ModelWorker
+    from sgl_jax.srt.managers.tp_worker_overlap_thread import ModelWorkerClient
     from sgl_jax.srt.model_executor.model_runner import ModelRunner
     from sgl_jax.srt.sampling.sampling_batch_info import SamplingMetadata
 
@@ -246,6 +272,7 @@ def _upstream_objects() -> dict[str, Any]:
         "Llama3RotaryEmbedding": Llama3RotaryEmbedding,
         "DetokenizerManager": DetokenizerManager,
         "ModelWorker": ModelWorker,
+        "ModelWorkerClient": ModelWorkerClient,
     }
 
 
@@ -331,7 +358,8 @@ def apply() -> None:
         _wrap(objects["Llama3RotaryEmbedding"], "__init__", _llama3_scaled_frequencies)
         _wrap(objects["DetokenizerManager"], "handle_batch_token_id_out", _forget_finished_decodes)
         _wrap(objects["ModelWorker"], "run_precompile", _precompiling)
-        _wrap(objects["ModelRunner"], "sample", _sample_every_mode_while_precompiling)
+        _wrap(objects["ModelRunner"], "sample", _sample_with_slot_state)
+        _wrap(objects["ModelWorkerClient"], "resolve_last_batch_result", _overlapped_step_values)
 
 
 def _socket_modules() -> list[Any]:
@@ -417,8 +445,7 @@ def _worker_batch_rows(original, self, *args, **kwargs):
         return mwb
     padded = len(mwb.sampling_info.temperatures)
     if hooks.neutral_rows:  # a failed step run again: greedy rows, the precompiled config
-        config = sampler_config([], hooks.valid_vocab_size)
-        mwb.rollout_rows = (config, build_rows([], [], [], padded, config))
+        mwb.rollout_rows = _neutral_rows(hooks.valid_vocab_size, padded)
         return mwb
     reqs = _requests_by_row(self)
     registered, specs = [], []
@@ -428,10 +455,25 @@ def _worker_batch_rows(original, self, *args, **kwargs):
             registered.append(spec)
         specs.append(spec or (None if req is None else _fallback_spec(req)))
     config = sampler_config(registered, hooks.valid_vocab_size)
-    prompts = [[] if req is None else req.origin_input_ids for req in reqs]
-    outputs = [[] if req is None else req.output_ids for req in reqs]
-    mwb.rollout_rows = (config, build_rows(specs, prompts, outputs, padded, config))
+    # Extend rows join their slot: a new request, a chunk of one, or a retracted one coming
+    # back (whose output ids are complete by then). Decode rows read their slot's state.
+    joining = self.forward_mode.is_extend()
+    if joining:
+        prompts = [[] if req is None else req.origin_input_ids for req in reqs]
+        outputs = [[] if req is None else req.output_ids for req in reqs]
+    else:
+        prompts = outputs = [[]] * len(reqs)
+    slots = slot_table([None if r is None else r.req_pool_idx for r in reqs], joining, padded)
+    rids = [req.rid for req in reqs if req is not None]
+    mwb.rollout_rows = (config, build_rows(specs, prompts, outputs, padded, config), slots, rids)
     return mwb
+
+
+def _neutral_rows(valid_vocab_size: int | None, size: int, config: SamplerConfig | None = None):
+    """(config, rows, slots, request ids) of a batch of greedy padding rows: precompile, and a
+    failed step run again."""
+    config = config or sampler_config([], valid_vocab_size)
+    return config, build_rows([], [], [], size, config), slot_table([], True, size), []
 
 
 def _requests_by_row(batch: Any) -> list[Any]:
@@ -475,26 +517,31 @@ def _sampling_metadata_rows(original, batch, pad_size=0, mesh=None, vocab_size=3
     if rows is None:
         # Precompile and requests outside our engine: neutral greedy rows, default config.
         valid = hooks.valid_vocab_size if hooks is not None else None
-        config = sampler_config([], valid)
-        size = len(batch.sampling_info.temperatures)
-        rows = (config, build_rows([], [], [], size, config))
+        rows = _neutral_rows(valid, len(batch.sampling_info.temperatures))
     return _with_rows(stock, *rows, mesh)
 
 
-def _with_rows(stock: Any, config: SamplerConfig, host_rows: Any, mesh: Any):
+def _with_rows(
+    stock: Any, config: SamplerConfig, host_rows: Any, slots: Any, rids: list[str], mesh: Any
+):
     """Stock `SamplingMetadata` children plus our rows placed on the mesh (one transfer of
-    `PackedRows`), `config` as aux."""
+    `PackedRows`), `config` as aux; the step's request ids as a plain attribute (for
+    `sample_with_slot_state`, which sees the object before jit)."""
     from sgl_jax_rollout.engine.sampler_module import (
         STOCK_METADATA_CHILDREN,
         RolloutSamplingMetadata,
     )
 
-    device_rows = jax.device_put(pack_rows(host_rows), NamedSharding(mesh, P("data", None)))
+    packed = pack_rows(host_rows, slots)
+    device_rows = jax.device_put(packed, NamedSharding(mesh, P("data", None)))
     children, aux = stock.tree_flatten()
     aux = {k: v for k, v in aux.items() if k != "rollout_config"}
-    return RolloutSamplingMetadata.tree_unflatten(
-        {**aux, "rollout_config": config}, (*children[:STOCK_METADATA_CHILDREN], device_rows)
+    metadata = RolloutSamplingMetadata.tree_unflatten(
+        {**aux, "rollout_config": config},
+        (*children[:STOCK_METADATA_CHILDREN], device_rows, None),
     )
+    metadata.rollout_rids = rids
+    return metadata
 
 
 def _precompiling(original, self, *args, **kwargs):
@@ -509,36 +556,106 @@ def _precompiling(original, self, *args, **kwargs):
         hooks.precompiling = False
 
 
-def _sample_every_mode_while_precompiling(original, self, logits_output, sampling_metadata):
-    """precompile_sampler_modes, part 2: while precompiling, run this step's sampler again
-    under every extra config (neutral rows, same batch bucket); the results are dropped."""
-    result = original(self, logits_output, sampling_metadata)
+def _sample_with_slot_state(original, self, logits_output, sampling_metadata):
+    """sample_with_slot_state: the sampler step with the slot state in and out; a failing
+    sampler fails its requests; while precompiling, every extra config is compiled too."""
     hooks = _hooks()
-    if hooks is None or not hooks.precompiling:
-        return result
-    size = sampling_metadata.rollout_rows.size
-    for config in hooks.sampler_configs:
-        rows = build_rows([], [], [], size, config)
-        jax.block_until_ready(
-            original(self, logits_output, _with_rows(sampling_metadata, config, rows, self.mesh))
+    if hooks is None:
+        return original(self, logits_output, sampling_metadata)
+    try:
+        result = _sample_step(original, self, hooks, logits_output, sampling_metadata)
+    except Exception as err:
+        if hooks.precompiling:
+            raise
+        # A sampler that cannot run (typically a new config that fails to compile) fails its
+        # requests (on the scheduler thread, `_collect`); the step runs with neutral rows.
+        hooks.failed_samples.append((list(getattr(sampling_metadata, "rollout_rids", [])), err))
+        size = sampling_metadata.rollout_rows.size
+        neutral = _with_rows(
+            sampling_metadata, *_neutral_rows(hooks.valid_vocab_size, size), self.mesh
         )
+        return _sample_step(original, self, hooks, logits_output, neutral)
+    if hooks.precompiling:
+        size = sampling_metadata.rollout_rows.size
+        for config in hooks.sampler_configs:
+            rows = _neutral_rows(hooks.valid_vocab_size, size, config)
+            extra = _with_rows(sampling_metadata, *rows, self.mesh)
+            jax.block_until_ready(_sample_step(original, self, hooks, logits_output, extra))
     return result
+
+
+def _sample_step(original, runner, hooks: EngineHooks, logits_output, sampling_metadata):
+    """One run of the sampler with the slot state (made at the first step, its tables at the
+    first step with penalties); keeps the advanced state."""
+    config = sampling_metadata.rollout_config
+    state = hooks.slot_state
+    if state is None or (config.penalties and not state.has_tables):
+        vocab = logits_output.next_token_logits.shape[-1] if config.penalties else None
+        sharding = NamedSharding(runner.mesh, P())
+        fresh = new_slot_state(runner.req_to_token_pool.size, vocab, sharding)
+        # Running requests keep their counts when the tables first appear; their zeroed
+        # tables are only read by rows without penalties (a penalised row joins with its ids).
+        state = fresh if state is None else fresh._replace(num_generated=state.num_generated)
+    metadata = copy.copy(sampling_metadata)
+    metadata.rollout_state = state if config.penalties else state.without_tables()
+    ids, logits, out = original(runner, logits_output, metadata)
+    advanced = out.rollout_state
+    out.rollout_state = None
+    hooks.slot_state = (
+        advanced if config.penalties else state._replace(num_generated=advanced.num_generated)
+    )
+    return ids, logits, out
 
 
 def _step_values(original, self, batch, result, *args, **kwargs):
     """step_values: give the collector this step's per-row values, then process the result.
-
-    A failure here fails the batch's requests (`_fail_requests`); the step is still processed,
-    so upstream finishes them and frees their cache."""
+    With overlap the values arrive in `resolve_last_batch_result`, called inside."""
     from sgl_jax_rollout.engine.sampler_module import RolloutLogitsOutput
 
     hooks = _hooks()
-    out = getattr(result, "logits_output", None)
-    if hooks is None or not isinstance(out, RolloutLogitsOutput):
+    if hooks is None:
         return original(self, batch, result, *args, **kwargs)
+    if self.enable_overlap:
+        hooks.processing = (self, batch)
+    else:
+        out = getattr(result, "logits_output", None)
+        if isinstance(out, RolloutLogitsOutput):
+            _collect(hooks, self, batch, out)
     try:
-        rows = _requests_by_row(batch)
-        filled = [i for i, req in enumerate(rows) if req is not None]
+        return original(self, batch, result, *args, **kwargs)
+    finally:
+        hooks.processing = None
+        hooks.collector.end_step()
+
+
+def _overlapped_step_values(original, self, *args, **kwargs):
+    """step_values, overlap half: the last step's outputs, just resolved, to the collector."""
+    from sgl_jax_rollout.engine.sampler_module import RolloutLogitsOutput
+
+    resolved = original(self, *args, **kwargs)
+    hooks = _hooks()
+    if (
+        hooks is not None
+        and hooks.processing is not None
+        and isinstance(resolved[0], RolloutLogitsOutput)
+    ):
+        _collect(hooks, *hooks.processing, resolved[0])
+    return resolved
+
+
+def _collect(hooks: EngineHooks, scheduler: Any, batch: Any, out: Any) -> None:
+    """Fails the requests of sampler calls that failed, then stashes this step's values.
+
+    A failure here fails the batch's requests (`_fail_requests`); the step is still processed,
+    so upstream finishes them and frees their cache."""
+    rows = _requests_by_row(batch)
+    filled = [i for i, req in enumerate(rows) if req is not None]
+    while hooks.failed_samples:
+        rids, err = hooks.failed_samples.popleft()
+        failed = set(rids)
+        reqs = [req for req in _batch_requests(batch) if req.rid in failed]
+        _fail_requests(scheduler, reqs, hooks, "an engine step", err)
+    try:
         # Upstream's tp_worker has already gathered `next_token_logprobs` to these rows (its
         # `logits_indices_selector`: the requests in row order, padding dropped); our own
         # outputs still have every padded row, so gather them the same way.
@@ -559,11 +676,7 @@ def _step_values(original, self, batch, result, *args, **kwargs):
         )
         hooks.collector.stash_step([rows[i] for i in filled], values)
     except Exception as err:
-        _fail_requests(self, _batch_requests(batch), hooks, "collecting sampler values", err)
-    try:
-        return original(self, batch, result, *args, **kwargs)
-    finally:
-        hooks.collector.end_step()
+        _fail_requests(scheduler, _batch_requests(batch), hooks, "collecting sampler values", err)
 
 
 def _record_before_stream(original, self, reqs, *args, **kwargs):
@@ -612,7 +725,8 @@ def _scheduler_of_engine(original, self, *args, **kwargs):
 
 
 def _step_guard(original, self, batch, *args, **kwargs):
-    """step_guard: a step that raises (our row building, a sampler compile, the forward)
+    """step_guard: a step that raises on the scheduler thread (our row building, the
+    forward without overlap; a failing sampler is handled in `sample_with_slot_state`)
     fails exactly its requests: they are aborted with the error as message, and the step is
     run again with neutral greedy rows (the precompiled sampler) so that upstream finishes
     them and frees their cache as for any abort. If that run raises too, the engine cannot

@@ -6,8 +6,15 @@ of a listed mode (`sampler_config`, `mode_config`, `extra_sampler_configs`), and
 which turns the requests of one engine batch into a host-side `SamplingBatch` padded to the
 engine's batch bucket. Token-id arrays are padded to power-of-two widths so a batch with
 penalties compiles once per width bucket, never per prompt length. `PackedRows` carries a
-`SamplingBatch` as three arrays (plus the id tables) so a step moves its rows to the device in
-one transfer of few arrays (`pack_rows`; `unpack_rows` slices them back, inside jit).
+`SamplingBatch` and each row's request slot as three arrays (plus the id tables) so a step
+moves its rows to the device in one transfer of few arrays (`pack_rows`; `unpack_rows` and
+`slot_columns` slice them back, inside jit).
+
+Slots (`engine.slot_state`): a row names the request slot (upstream's `req_pool_idx`) whose
+device state it reads and advances. A row that joins (every row of an extend batch, and
+padding) brings its own `num_generated` and, with penalties, its prompt and output ids; the
+other rows (decode) read both from the slot, so their host rows never depend on the length
+of the prompt or of the output.
 
 Host-side only: numpy, no sgl_jax import (tested without the engine).
 """
@@ -38,6 +45,8 @@ FLOAT_COLUMNS = (
     "presence_penalty",
 )
 INT_COLUMNS = ("top_k", "min_new_tokens", "num_generated")
+SLOT_COLUMNS = ("slot", "join")  # stored after INT_COLUMNS in `PackedRows.ints`
+NO_SLOT = -1
 MIN_STOP_WIDTH = 8
 # The `SamplingOptions` fields that choose the sampler's static config (with penalties on/off).
 MODE_FIELDS = (
@@ -141,7 +150,8 @@ def build_rows(
     config: SamplerConfig,
 ) -> SamplingBatch:
     """Host arrays for one step: row i serves `specs[i]`; None rows (the padding between dp
-    ranks' sections) and rows past the specs are greedy padding.
+    ranks' sections) and rows past the specs are greedy padding. Rows that read their slot's
+    state (decode) pass empty prompt and output ids.
 
     `keys` hold each row's base key (`base_keys`); the sampler folds in the number of tokens
     generated so far, so a seeded request draws the same tokens in any batch.
@@ -186,11 +196,25 @@ def _padded(rows: Sequence[Sequence[int]], padded_rows: int, minimum: int) -> np
     return token_id_table(rows, width, padded_rows)
 
 
+def slot_table(slots: Sequence[int | None], joining: bool, padded_rows: int) -> np.ndarray:
+    """`[padded_rows, len(SLOT_COLUMNS)]`: row i's request slot `slots[i]` and whether it joins
+    (`joining`); None rows and rows past `slots` are padding: no slot, joining."""
+    if len(slots) > padded_rows:
+        raise ValueError(f"{len(slots)} slots do not fit in a batch padded to {padded_rows}")
+    out = np.empty((padded_rows, len(SLOT_COLUMNS)), np.int32)
+    out[:, 0], out[:, 1] = NO_SLOT, 1
+    for i, slot in enumerate(slots):
+        if slot is not None:
+            out[i] = (slot, int(joining))
+    return out
+
+
 class PackedRows(NamedTuple):
-    """A `SamplingBatch` as few arrays (a pytree): `floats` `[B, len(FLOAT_COLUMNS)]`,
-    `ints` `[B, len(INT_COLUMNS)]`, `keys` `[B, 2]`, and the id tables (None without
-    penalties). Each array is a transfer of its own: ten columns cost a step about four
-    times the host time of these three (measured on CPU, 0.34 vs 0.09 ms)."""
+    """A `SamplingBatch` and its rows' slots as few arrays (a pytree): `floats`
+    `[B, len(FLOAT_COLUMNS)]`, `ints` `[B, len(INT_COLUMNS) + len(SLOT_COLUMNS)]`, `keys`
+    `[B, 2]`, and the id tables (None without penalties). Each array is a transfer of its
+    own: ten columns cost a step about four times the host time of these three (measured on
+    CPU, 0.34 vs 0.09 ms)."""
 
     floats: Any
     ints: Any
@@ -204,11 +228,15 @@ class PackedRows(NamedTuple):
         return self.floats.shape[0]
 
 
-def pack_rows(batch: SamplingBatch) -> PackedRows:
-    """Host side: the columns of `batch` stacked by dtype."""
+def pack_rows(batch: SamplingBatch, slots: np.ndarray | None = None) -> PackedRows:
+    """Host side: the columns of `batch` stacked by dtype, with `slots` (`slot_table`;
+    default: every row padding)."""
+    if slots is None:
+        slots = slot_table([], True, batch.size)
+    ints = [np.asarray(getattr(batch, f), np.int32) for f in INT_COLUMNS]
     return PackedRows(
         floats=np.stack([np.asarray(getattr(batch, f), np.float32) for f in FLOAT_COLUMNS], 1),
-        ints=np.stack([np.asarray(getattr(batch, f), np.int32) for f in INT_COLUMNS], 1),
+        ints=np.concatenate([np.stack(ints, 1), np.asarray(slots, np.int32)], 1),
         keys=np.asarray(batch.keys, np.uint32),
         prompt_ids=batch.prompt_ids,
         output_ids=batch.output_ids,
@@ -229,3 +257,9 @@ def unpack_rows(packed: PackedRows) -> SamplingBatch:
         output_ids=packed.output_ids,
         stop_token_ids=packed.stop_token_ids,
     )
+
+
+def slot_columns(packed: PackedRows) -> tuple[Any, Any]:
+    """(slot `[B]`, joins `[B]` bool) of `pack_rows`, on numpy or traced arrays."""
+    start = len(INT_COLUMNS)
+    return packed.ints[:, start], packed.ints[:, start + 1] != 0

@@ -1,13 +1,14 @@
 """Our sampler as sgl-jax's model runner sees it, and the pytrees that carry its data.
 
 Owns:
-- `RolloutSamplingMetadata`: sgl-jax's `SamplingMetadata` plus one child, our rows for the
-  step (`rows.PackedRows`, unpacked to a `SamplingBatch` inside the jitted step), and our
-  static `SamplerConfig` in the aux data (one compile per config and batch bucket; per-row
-  settings never recompile).
+- `RolloutSamplingMetadata`: sgl-jax's `SamplingMetadata` plus two children, our rows for the
+  step (`rows.PackedRows`, unpacked to a `SamplingBatch` inside the jitted step) and the
+  device state of the request slots (`slot_state.SlotState`, attached on the thread that runs
+  the step), and our static `SamplerConfig` in the aux data (one compile per config and batch
+  bucket; per-row settings never recompile).
 - `RolloutLogitsOutput`: sgl-jax's `LogitsProcessorOutput` (12 fixed pytree children) plus
-  our per-token entropy and top logprobs. Extra attributes on the stock class would be
-  dropped at the jit boundary, hence a registered subclass.
+  our per-token entropy and top logprobs and the advanced slot state. Extra attributes on the
+  stock class would be dropped at the jit boundary, hence a registered subclass.
 - `RolloutSampler`: the module the runner builds in place of `Sampler` (see patches.py).
 
 Only imported once sgl_jax is importable. The sampling math lives in `sgl_jax_rollout.sampling`.
@@ -16,7 +17,6 @@ Only imported once sgl_jax is importable. The sampling math lives in `sgl_jax_ro
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -27,8 +27,10 @@ from jax.tree_util import register_pytree_node_class
 from sgl_jax.srt.layers.logits_processor import LogitsProcessorOutput
 from sgl_jax.srt.sampling.sampling_batch_info import SamplingMetadata
 
-from sgl_jax_rollout.engine.rows import PackedRows, unpack_rows
-from sgl_jax_rollout.sampling.batch import SamplerConfig, SamplerOutput, SamplingBatch, step_keys
+from sgl_jax_rollout.engine import slot_state
+from sgl_jax_rollout.engine.rows import PackedRows, slot_columns, unpack_rows
+from sgl_jax_rollout.engine.slot_state import SlotState
+from sgl_jax_rollout.sampling.batch import SamplerConfig, SamplerOutput, step_keys
 from sgl_jax_rollout.sampling.sampler import sample
 
 STOCK_METADATA_CHILDREN = 12
@@ -39,17 +41,19 @@ STOCK_OUTPUT_CHILDREN = 12
 @dataclasses.dataclass
 class RolloutSamplingMetadata(SamplingMetadata):
     rollout_rows: PackedRows | None = None
+    rollout_state: SlotState | None = None
     rollout_config: SamplerConfig | None = None
 
     def tree_flatten(self):
         children, aux = super().tree_flatten()
-        return (*children, self.rollout_rows), {**aux, "rollout_config": self.rollout_config}
+        extra = (self.rollout_rows, self.rollout_state)
+        return (*children, *extra), {**aux, "rollout_config": self.rollout_config}
 
     @classmethod
     def tree_unflatten(cls, aux_data, children):
         stock = {k: v for k, v in aux_data.items() if k != "rollout_config"}
         obj = super().tree_unflatten(stock, children[:STOCK_METADATA_CHILDREN])
-        obj.rollout_rows = children[STOCK_METADATA_CHILDREN]
+        obj.rollout_rows, obj.rollout_state = children[STOCK_METADATA_CHILDREN:]
         obj.rollout_config = aux_data["rollout_config"]
         return obj
 
@@ -60,18 +64,27 @@ class RolloutLogitsOutput(LogitsProcessorOutput):
     rollout_entropy: jax.Array | None = None
     rollout_top_logprob_ids: jax.Array | None = None
     rollout_top_logprobs: jax.Array | None = None
+    rollout_state: SlotState | None = None
 
     def tree_flatten(self):
         children, aux = super().tree_flatten()
-        extra = (self.rollout_entropy, self.rollout_top_logprob_ids, self.rollout_top_logprobs)
+        extra = (
+            self.rollout_entropy,
+            self.rollout_top_logprob_ids,
+            self.rollout_top_logprobs,
+            self.rollout_state,
+        )
         return (*children, *extra), aux
 
     @classmethod
     def tree_unflatten(cls, aux_data, children):
         obj = super().tree_unflatten(aux_data, children[:STOCK_OUTPUT_CHILDREN])
-        (obj.rollout_entropy, obj.rollout_top_logprob_ids, obj.rollout_top_logprobs) = children[
-            STOCK_OUTPUT_CHILDREN:
-        ]
+        (
+            obj.rollout_entropy,
+            obj.rollout_top_logprob_ids,
+            obj.rollout_top_logprobs,
+            obj.rollout_state,
+        ) = children[STOCK_OUTPUT_CHILDREN:]
         return obj
 
 
@@ -80,7 +93,8 @@ class RolloutSampler(nnx.Module):
 
     Returns what the runner unpacks: next ids `[B_pad]` sharded `P("data")`, the logits (the
     runner gathers from them only for sgl-jax's own output-logprob mode, which our requests
-    never use) and a `RolloutLogitsOutput`. Randomness comes from each row's seed and step,
+    never use) and a `RolloutLogitsOutput`, which carries the advanced slot state back to the
+    runner (patches.py keeps it for the next step). Randomness comes from each row's seed and step,
     not from `rngs` or `rng_override`: the module is rebuilt inside jit and its state is never
     returned, and a seeded request must draw the same tokens in any batch.
     """
@@ -105,24 +119,32 @@ class RolloutSampler(nnx.Module):
         logits = jax.sharding.reshard(
             logits_output.next_token_logits, NamedSharding(self.mesh, P("data", None))
         )
-        rows = unpack_rows(sampling_metadata.rollout_rows)
-        batch = dataclasses.replace(rows, keys=step_keys(rows.keys, rows.num_generated))
-        out = self._sample(logits, batch, sampling_metadata.rollout_config)
+        if sampling_metadata.rollout_state is None:
+            raise TypeError("RolloutSampler needs the slot state: patches.py attaches it")
+        out, state = self._sample(
+            logits,
+            sampling_metadata.rollout_rows,
+            sampling_metadata.rollout_state,
+            sampling_metadata.rollout_config,
+        )
         replicated = NamedSharding(self.mesh, P(None))
         ids = jax.sharding.reshard(
             out.tokens.astype(jnp.int32), NamedSharding(self.mesh, P("data"))
         )
         children, aux = logits_output.tree_flatten()
         result = RolloutLogitsOutput.tree_unflatten(
-            aux, (*children, out.entropy, out.top_logprob_ids, out.top_logprobs)
+            aux, (*children, out.entropy, out.top_logprob_ids, out.top_logprobs, state)
         )
         # Always set: sgl-jax rewrites plain return_logprob to a path that reads it.
         logprobs = out.logprobs if out.logprobs is not None else jnp.zeros(ids.shape, jnp.float32)
         result.next_token_logprobs = jax.sharding.reshard(logprobs, replicated)
         return ids, logits, result
 
-    def _sample(self, logits, batch: SamplingBatch, config: SamplerConfig) -> SamplerOutput:
-        """Our sampler in auto-sharding mode: its gathers have no explicit out-sharding."""
+    def _sample(
+        self, logits, packed: PackedRows, state: SlotState, config: SamplerConfig
+    ) -> tuple[SamplerOutput, SlotState]:
+        """The rows take their slots' state, our sampler runs, the slots advance; in
+        auto-sharding mode (its gathers have no explicit out-sharding)."""
         rows = NamedSharding(self.mesh, P("data"))
         table = NamedSharding(self.mesh, P("data", None))
         shardings = SamplerOutput(
@@ -132,7 +154,15 @@ class RolloutSampler(nnx.Module):
             top_logprob_ids=table if config.top_logprobs else None,
             top_logprobs=table if config.top_logprobs else None,
         )
-        run = jax.sharding.auto_axes(
-            functools.partial(sample, config=config), out_sharding=shardings
-        )
-        return run(logits, batch)
+        replicated = NamedSharding(self.mesh, P())
+        state_shardings = jax.tree.map(lambda _: replicated, state)
+
+        def step(logits, packed, state):
+            slot, join = slot_columns(packed)
+            batch = slot_state.joined(state, unpack_rows(packed), slot, join)
+            batch = dataclasses.replace(batch, keys=step_keys(batch.keys, batch.num_generated))
+            out = sample(logits, batch, config=config)
+            return out, slot_state.advanced(state, batch, slot, out.tokens)
+
+        run = jax.sharding.auto_axes(step, out_sharding=(shardings, state_shardings))
+        return run(logits, packed, state)

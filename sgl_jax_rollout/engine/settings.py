@@ -16,9 +16,19 @@ from typing import Any
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ATTENTION_BACKENDS = ("fa", "native", "fa_mha")
+# Measured with sgl-jax cddbf6f1 on CPU, the engine as it ships (no patch of ours): with overlap
+# scheduling on, about half the engine starts give wrong logits to all but the first request of
+# a batch from the first prefill on, the same wrong values each time; off, never.
+CPU_OVERLAP_DEFECT = (
+    "overlap scheduling on CPU: at the pinned sgl-jax commit about half the engine starts give "
+    "wrong logits to all but the first request of a batch (measured on the engine as it ships); "
+    "timings only"
+)
 FORCED = {
     "enable_single_process": True,
-    "disable_overlap_schedule": True,
+    # Mixed chunks put decode rows in extend batches: they would join their slot from output
+    # ids that lag a token under overlap (slot_state.py). Upstream's default, made certain.
+    "enable_mixed_chunk": False,
     "enable_engine_loop_run_forever_daemon": True,
     "skip_server_warmup": True,
 }
@@ -36,8 +46,11 @@ class EngineSettings:
     `entropy_source`, `entropy_top_k`, `return_logprobs`, `return_entropy`, `top_logprobs`)
     and `penalties` (bool), e.g. `{"entropy_top_k": 64}`; unnamed fields take their defaults,
     except `return_logprobs`: unnamed, both (`RolloutConfig.return_logprobs` picks per call).
-    Penalty modes compile at the smallest id-table widths only (wider prompts or outputs
-    still compile once per width bucket).
+    Penalty modes compile at the smallest id-table widths only (wider prompts still compile
+    once per width bucket, at their prefill). `overlap_schedule` is sgl-jax's overlap
+    scheduler (the host prepares step t + 1 while the device runs step t); None (default):
+    on, as upstream defaults, except on CPU (`overlap_on`), where the pinned sgl-jax gives
+    wrong logits to some requests of a run now and then with it on (`CPU_OVERLAP_DEFECT`).
     """
 
     dtype: str = "auto"
@@ -59,6 +72,7 @@ class EngineSettings:
     random_seed: int = 0
     log_level: str = "error"
     sampler_modes: tuple[dict[str, Any], ...] = ()
+    overlap_schedule: bool | None = None
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -122,6 +136,13 @@ class EngineSettings:
         forced = sorted(set(self.extra) & set(FORCED))
         if forced:
             raise ValueError(f"extra must not set {forced}: the rollout fixes them")
+        if "disable_overlap_schedule" in self.extra:
+            raise ValueError("extra must not set disable_overlap_schedule: use overlap_schedule")
+        if self.overlap_schedule is not None and not isinstance(self.overlap_schedule, bool):
+            raise ValueError(
+                "overlap_schedule must be True, False or None (auto), "
+                f"got {self.overlap_schedule!r}"
+            )
 
     def replace(self, **changes: Any) -> EngineSettings:
         names = {f.name for f in dataclasses.fields(self)}
@@ -129,6 +150,12 @@ class EngineSettings:
         if unknown:
             raise ValueError(f"unknown engine setting(s) {unknown}; allowed: {sorted(names)}")
         return dataclasses.replace(self, **changes)
+
+    def overlap_on(self, device: str) -> bool:
+        """Whether overlap scheduling runs on `device` ("cpu", "tpu", ...)."""
+        if self.overlap_schedule is None:
+            return device != "cpu"
+        return self.overlap_schedule
 
     def server_args(self, model_path: str, device: str) -> dict[str, Any]:
         """Keyword arguments of sgl-jax's `Engine` for this model and device ("cpu", "tpu")."""
@@ -153,6 +180,7 @@ class EngineSettings:
             "device_indexes": _list(self.device_indexes),
             "random_seed": self.random_seed,
             "log_level": self.log_level,
+            "disable_overlap_schedule": not self.overlap_on(device),
         }
         args.update(self.extra)
         args.update(FORCED)

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float, Int, UInt32
+from jaxtyping import Array, Bool, Float, Int, UInt32
 
 from sgl_jax_rollout.sampling.options import ENTROPY_SOURCES, LOGPROBS_MODES, SamplingOptions
 
@@ -96,7 +96,8 @@ class SamplingBatch:
 
     top_k <= 0 disables top-k; temperature 0 marks a greedy row. `keys` are raw `KEY_IMPL` key
     data, one key per row. Token-id arrays are padded with `NO_TOKEN`; they may be None when
-    the config has `penalties=False`.
+    the config has `penalties=False`. `seen` / `output_counts` (`penalties.occurrence_tables`)
+    replace `prompt_ids` / `output_ids` for penalties when set.
     """
 
     temperature: Float[Array, " batch"]
@@ -112,6 +113,8 @@ class SamplingBatch:
     prompt_ids: Int[Array, "batch prompt_len"] | None = None
     output_ids: Int[Array, "batch output_len"] | None = None
     stop_token_ids: Int[Array, "batch num_stop"] | None = None
+    seen: Bool[Array, "batch vocab"] | None = None
+    output_counts: Int[Array, "batch vocab"] | None = None
 
     @property
     def size(self) -> int:

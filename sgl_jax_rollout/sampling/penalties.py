@@ -1,8 +1,12 @@
 """Penalties on the logits (step 2 of the sampler's order).
 
-Owns the repetition (HF / vLLM), frequency and presence (OpenAI) penalties and min_new_tokens.
-They touch only the ids that occur in the rows' token arrays, so the work is
-O(batch x history) scatters into one copy of the logits, never a dense [batch, vocab] count.
+Owns the repetition (HF / vLLM), frequency and presence (OpenAI) penalties and min_new_tokens,
+from either of two equal inputs:
+- token-id arrays (`prompt_ids`, `output_ids`): the work is O(batch x history) scatters into
+  one copy of the logits, never a dense [batch, vocab] count (the standalone sampler);
+- dense occurrence tables (`seen`, `output_counts`, from `occurrence_tables`): elementwise over
+  [batch, vocab], whatever the history's length (the engine, which keeps them per request on
+  the device and advances them from each sampled token).
 
 Must not sample, temper or truncate.
 """
@@ -10,7 +14,7 @@ Must not sample, temper or truncate.
 from __future__ import annotations
 
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Bool, Float, Int
 
 from sgl_jax_rollout.sampling.batch import SamplingBatch
 
@@ -21,10 +25,14 @@ def apply_penalties(
     """Penalised logits: repetition, then presence and frequency, then min_new_tokens.
 
     Scatter-set writes the same value for every duplicate of an id, so duplicates are
-    harmless; the frequency penalty is a scatter-add, one `-f` per occurrence.
+    harmless; the frequency penalty is a scatter-add, one `-f` per occurrence. A batch that
+    carries `output_counts` is penalised from its dense tables instead.
     """
     vocab = logits.shape[-1]
     rows = jnp.arange(logits.shape[0])[:, None]
+    if batch.output_counts is not None:
+        logits = _dense_penalties(logits, batch)
+        return _min_new_tokens(logits, batch, rows, vocab)
 
     seen = jnp.concatenate([batch.prompt_ids, batch.output_ids], axis=1)
     seen_at, _ = _scatter_index(seen, vocab)
@@ -39,6 +47,37 @@ def apply_penalties(
         jnp.broadcast_to(-batch.frequency_penalty[:, None], out_at.shape), mode="drop"
     )
 
+    return _min_new_tokens(logits, batch, rows, vocab)
+
+
+def occurrence_tables(
+    prompt_ids: Int[Array, "batch prompt_len"],
+    output_ids: Int[Array, "batch output_len"],
+    vocab: int,
+) -> tuple[Bool[Array, "batch vocab"], Int[Array, "batch vocab"]]:
+    """(`seen`: the id occurs in prompt or output, `output_counts`: occurrences in the output)
+    of each row's ids; padding ids are ignored."""
+    rows = jnp.arange(prompt_ids.shape[0])[:, None]
+    both = jnp.concatenate([prompt_ids, output_ids], axis=1)
+    seen = jnp.zeros((prompt_ids.shape[0], vocab), bool)
+    seen = seen.at[rows, _scatter_index(both, vocab)[0]].set(True, mode="drop")
+    counts = jnp.zeros((prompt_ids.shape[0], vocab), jnp.int32)
+    counts = counts.at[rows, _scatter_index(output_ids, vocab)[0]].add(1, mode="drop")
+    return seen, counts
+
+
+def _dense_penalties(logits: Float[Array, "batch vocab"], batch: SamplingBatch) -> Array:
+    p = batch.repetition_penalty[:, None]
+    z = jnp.where(batch.seen, jnp.where(logits > 0, logits / p, logits * p), logits)
+    counts = batch.output_counts
+    return (
+        z
+        - jnp.where(counts > 0, batch.presence_penalty[:, None], 0.0)
+        - batch.frequency_penalty[:, None] * counts.astype(jnp.float32)
+    )
+
+
+def _min_new_tokens(logits: Array, batch: SamplingBatch, rows: Array, vocab: int) -> Array:
     too_early = (batch.num_generated < batch.min_new_tokens)[:, None]
     stop_at, stop_ok = _scatter_index(batch.stop_token_ids, vocab)
     stop_at = jnp.where(too_early & stop_ok, stop_at, vocab)

@@ -1,22 +1,38 @@
 """Penalties against their formulas: Hugging Face's repetition penalty, OpenAI's frequency and
-presence penalties, and min_new_tokens."""
+presence penalties, and min_new_tokens; each test runs on both inputs of `apply_penalties`:
+token-id arrays and the dense occurrence tables the engine keeps per request."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from sgl_jax_rollout.sampling import SamplingOptions, make_batch
-from sgl_jax_rollout.sampling.penalties import apply_penalties
+from sgl_jax_rollout.sampling.penalties import apply_penalties, occurrence_tables
 from tests.sampling.numpy_reference import hf_repetition_penalty
 
 VOCAB = 64
+_INPUT = {"which": "token_ids"}
+
+
+@pytest.fixture(params=["token_ids", "dense_tables"], autouse=True)
+def penalty_input(request, monkeypatch):
+    """Which input `_penalise` hands `apply_penalties`."""
+    monkeypatch.setitem(_INPUT, "which", request.param)
 
 
 def _penalise(logits, rows, prompts, outputs, eos=()):
     batch = make_batch(
         rows, vocab_size=VOCAB, prompt_ids=prompts, output_ids=outputs, eos_token_ids=eos
     )
+    if _INPUT["which"] == "dense_tables":
+        seen, counts = occurrence_tables(batch.prompt_ids, batch.output_ids, VOCAB)
+        batch = dataclasses.replace(
+            batch, prompt_ids=None, output_ids=None, seen=seen, output_counts=counts
+        )
     return np.asarray(apply_penalties(jnp.asarray(logits), batch))
 
 
