@@ -42,7 +42,7 @@ $(STAMP): pyproject.toml
 	fi
 	@test -x $(PY) || $(BASE_PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[test]"
+	$(PY) -m pip install --quiet -e ".[test,apps]"
 	@touch $(STAMP)
 
 # Installs sgl-jax when `import sgl_jax` fails: WHEELHOUSE first, then SGL_JAX_SPEC. On failure,

@@ -1,7 +1,8 @@
-"""sgl-jax-rollout, engine side: the jitted sampler, the engine, the rollout, the tiny model, CLI.
+"""sgl-jax-rollout, engine side: the jitted sampler, the engine, the rollout, the tiny model.
 
 Heavy modules (jax) load on first use, so `import sgl_jax_rollout` stays cheap and the CLI
-can report a missing dependency cleanly. Must not import `tunix_adapter`.
+can report a missing dependency cleanly. Imports neither the trainer side (`tunix_adapter`)
+nor the applications (`sgl_jax_rollout_apps`): tests/test_layout.py checks it.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from sgl_jax_rollout.bench.rollout_bench import _columns
+from sgl_jax_rollout_apps.bench.rollout_bench import _columns
 
 
 def test_columns_put_every_backend_beside_ours_and_divide_by_the_right_one():

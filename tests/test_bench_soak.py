@@ -1,4 +1,5 @@
-"""The soak of `sgl_jax_rollout.bench.soak`, trimmed to 60 requests and 3 cycles (engine-marked).
+"""The soak of `sgl_jax_rollout_apps.bench.soak`, trimmed to 60 requests and 3 cycles
+(engine-marked).
 
 It runs on the session rollout of tests/conftest.py (one engine per process), so it needs that
 engine alive: the file name sorts after tests/engine/ (whose tests start their own engines and
@@ -14,7 +15,7 @@ pytestmark = pytest.mark.engine
 
 
 def test_trimmed_soak_has_no_bad_completion_and_runs_every_check(rollout):
-    from sgl_jax_rollout.bench import soak
+    from sgl_jax_rollout_apps.bench import soak
 
     result = soak.run_on(rollout, requests=60, cycles=3, seed=0)
 

@@ -79,7 +79,7 @@ def verdicts(config: CheckConfig, rollout, trainer, lora: dict | None = None) ->
     the trainer carries qwix adapters and the sync check sends only those, as tunix does."""
     from flax import nnx
 
-    from tunix_adapter.compare import before_pad, trainer_scores
+    from tunix_adapter.scoring import before_pad, trainer_scores
 
     tolerance = BF16_TOLERANCE if _engine_dtype(rollout) == "bfloat16" else F32_TOLERANCE
     limit = f"<= {tolerance:g}"

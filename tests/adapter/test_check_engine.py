@@ -17,7 +17,7 @@ pytestmark = pytest.mark.engine
 def test_check_passes_on_agreeing_weights_and_fails_rows_on_diverged_ones(tiny_dir, capsys):
     from flax import nnx
 
-    from sgl_jax_rollout import cli
+    from sgl_jax_rollout_apps import cli
     from tunix_adapter import check
 
     assert cli.main(["check", "--model-path", str(tiny_dir), "--max-tokens", "16"]) == 0

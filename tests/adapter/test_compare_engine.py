@@ -10,7 +10,7 @@ pytestmark = pytest.mark.engine
 
 def test_compare_against_vanilla_agrees_with_tunix(tmp_path):
     from sgl_jax_rollout.engine import patches
-    from tunix_adapter.compare import CompareConfig, run, table
+    from sgl_jax_rollout_apps.compare import CompareConfig, run, table
 
     if patches._active is not None:
         pytest.skip("another engine is still running in this process")

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from tunix_adapter.compare_stats import (
+from sgl_jax_rollout_apps.compare_stats import (
     first_divergence,
     greedy_agreement,
     logprob_fidelity,

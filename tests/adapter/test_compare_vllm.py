@@ -19,7 +19,7 @@ pytestmark = pytest.mark.tpu
 
 
 def test_compare_against_vllm_on_tpu(tmp_path):
-    from tunix_adapter.compare import CompareConfig, run
+    from sgl_jax_rollout_apps.compare import CompareConfig, run
 
     model = os.environ.get("SGL_JAX_ROLLOUT_COMPARE_MODEL")
     if not model:

@@ -4,8 +4,8 @@ import sys
 
 import pytest
 
-from sgl_jax_rollout.cli import main
-from tunix_adapter.demo import DemoConfig
+from sgl_jax_rollout_apps.cli import main
+from sgl_jax_rollout_apps.demo import DemoConfig
 
 
 def test_missing_engine_gives_the_install_command_and_exit_2(monkeypatch, capsys):

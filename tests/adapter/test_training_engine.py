@@ -7,9 +7,9 @@ process), before the session rollout of tests/test_rollout.py starts.
 import numpy as np
 import pytest
 
+from sgl_jax_rollout_apps import demo
 from tests.adapter.training_helpers import changed, check_example, train_and_capture
 from tests.conftest import TEST_SETTINGS
-from tunix_adapter import demo
 
 pytestmark = pytest.mark.engine
 

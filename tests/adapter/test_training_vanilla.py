@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from tunix.rl import function_registry
 
+from sgl_jax_rollout_apps import demo
 from tests.adapter.training_helpers import changed, check_example, train_and_capture
-from tunix_adapter import demo
 from tunix_adapter.egpo import EgpoSettings, egpo_advantages, think_span_entropy
 from tunix_adapter.rewards import vowel_word_reward
 

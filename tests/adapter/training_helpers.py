@@ -6,7 +6,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from tunix_adapter import demo
+from sgl_jax_rollout_apps import demo
 
 
 def train_and_capture(config: demo.DemoConfig, probe=None):

@@ -366,7 +366,7 @@ def test_plain_model_bytes_are_pinned(qwen3_dir):
 
 
 def test_cli_make_tiny_model_like(tmp_path, capsys):
-    from sgl_jax_rollout.cli import main
+    from sgl_jax_rollout_apps.cli import main
 
     assert main(["make-tiny-model", str(tmp_path / "l"), "--like", "llama-3.2-1b"]) == 0
     config = json.loads((tmp_path / "l" / "config.json").read_text())

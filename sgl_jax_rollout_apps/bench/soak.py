@@ -47,9 +47,9 @@ from typing import Any
 import numpy as np
 
 from sgl_jax_rollout import rollout_inputs as inputs
-from sgl_jax_rollout.bench.workloads import WORDS
 from sgl_jax_rollout.sampling.options import SamplingOptions
 from sgl_jax_rollout.utils.compiles import count_compiles
+from sgl_jax_rollout_apps.bench.workloads import WORDS
 
 # The tests' CPU settings (tests/conftest.py) with a KV pool of 4096 tokens, which 16 rows of
 # 256 + 40 tokens overflow, so the scheduler queues rows too. The rollout benchmark's batch

@@ -54,8 +54,8 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
-from sgl_jax_rollout.bench.workloads import WORKLOADS, prompts
 from sgl_jax_rollout.utils.compiles import count_compiles
+from sgl_jax_rollout_apps.bench.workloads import WORKLOADS, prompts
 
 LORA_RANK = 8
 SETTINGS = dict(
@@ -363,7 +363,7 @@ def _vanilla_rates(model_dir: Path, runs: int) -> dict[str, float]:
 def _subprocess(
     module: str, model_dir: Path, runs: int, *extra: str, settings: dict = SETTINGS
 ) -> dict[str, Any]:
-    """Runs `sgl_jax_rollout.bench.<module>` on stock sgl-jax in a subprocess (our engine
+    """Runs `sgl_jax_rollout_apps.bench.<module>` on stock sgl-jax in a subprocess (our engine
     patches are process-wide) and returns its JSON; {} without sgl-jax."""
     try:
         import sgl_jax  # noqa: F401
@@ -372,7 +372,7 @@ def _subprocess(
     cmd = [
         sys.executable,
         "-m",
-        f"sgl_jax_rollout.bench.{module}",
+        f"sgl_jax_rollout_apps.bench.{module}",
         str(model_dir),
         json.dumps(settings),
         str(runs),

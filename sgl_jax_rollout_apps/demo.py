@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ from tqdm import tqdm
 
 import tpu_configs
 from sgl_jax_rollout.utils.compiles import count_compiles
+from sgl_jax_rollout_apps.plotting import require_matplotlib, reward_and_entropy
 
 log = logging.getLogger(__name__)
 ALGOS = ("grpo", "egpo", "ppo")
@@ -104,6 +104,8 @@ def prompts(count: int, seed: int) -> list[str]:
 
 def run(config: DemoConfig) -> list[dict[str, float]]:
     """Trains for `config.steps` global steps; returns one dict of `REPORTED` per step."""
+    if config.out:
+        require_matplotlib()
     cluster, learner = build(config)
     return train(config, cluster, learner)
 
@@ -287,23 +289,12 @@ def _line(row: dict[str, float]) -> str:
 
 
 def write_outputs(history: list[dict[str, float]], out: Path, config: DemoConfig) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "metrics.jsonl", "w") as f:
         for row in history:
             f.write(json.dumps({**row, "algo": config.algo, "rollout": config.rollout}) + "\n")
-    steps = [r["step"] for r in history]
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
-    top.plot(steps, [r["reward_mean"] for r in history], marker="o")
-    top.set_ylabel("reward mean")
-    top.set_title(f"{config.algo.upper()} with the {config.rollout} rollout")
-    bottom.plot(steps, [r.get("entropy_mean", math.nan) for r in history], marker="o", color="C1")
-    bottom.set_ylabel("rollout entropy mean")
-    bottom.set_xlabel("step")
-    fig.tight_layout()
-    fig.savefig(out / "metrics.png", dpi=100)
-    plt.close(fig)
+    reward_and_entropy(
+        {config.rollout: history},
+        out / "metrics.png",
+        f"{config.algo.upper()} with the {config.rollout} rollout",
+    )

@@ -30,8 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from sgl_jax_rollout.rollout_inputs import right_pad_ids
-from tunix_adapter import compare_stats as stats
+from sgl_jax_rollout_apps import compare_stats as stats
+from sgl_jax_rollout_apps.plotting import require_matplotlib, reward_and_entropy
+from tunix_adapter.scoring import before_pad, trainer_scores
 
 log = logging.getLogger(__name__)
 AGAINST = ("vanilla", "vllm")
@@ -93,12 +94,13 @@ def check_available(config: CompareConfig) -> None:
 
     try:
         require_sgl_jax()
+        require_matplotlib()
     except ImportError as err:
         raise CompareUnavailable(str(err)) from None
 
 
 def run(config: CompareConfig) -> dict[str, Any]:
-    from tunix_adapter import demo
+    from sgl_jax_rollout_apps import demo
 
     check_available(config)
     out = Path(config.out)
@@ -137,7 +139,7 @@ def _build(config: CompareConfig):
 
     from sgl_jax_rollout.rollout import SglangJaxRollout
     from sgl_jax_rollout.tiny_model import default_model_dir
-    from tunix_adapter.demo import DEMO_ENGINE_SETTINGS
+    from sgl_jax_rollout_apps.demo import DEMO_ENGINE_SETTINGS
     from tunix_adapter.models import load_tunix_model
 
     model_path = Path(config.model_path) if config.model_path else default_model_dir()
@@ -235,37 +237,10 @@ def trainer_fidelity(rollout, trainer, prompts, rollout_config) -> dict:
     )
 
 
-def trainer_scores(rollout, trainer, out, temperature: float) -> tuple[np.ndarray, np.ndarray]:
-    """tunix's trainer-side logprobs `[B, L]` of a rollout output's completions at
-    `temperature`, and the trainer's logits `[B, L, V]` at those positions."""
-    from flax import nnx
-    from tunix.rl.common import compute_per_token_logps
-
-    pad = rollout.pad_id()
-    completions = right_pad_ids(out.tokens, max(1, max(len(t) for t in out.tokens)), pad)
-    graphdef, state = nnx.split(trainer)
-    logps, logits = compute_per_token_logps(
-        graphdef,
-        state,
-        np.asarray(out.left_padded_prompt_tokens),
-        completions,
-        pad_id=pad,
-        eos_id=rollout.eos_id(),
-        temperature=temperature,
-        return_logits=True,
-    )
-    return np.asarray(logps), np.asarray(logits)
-
-
-def before_pad(tokens, pad: int) -> int:
-    hits = np.flatnonzero(np.asarray(tokens) == pad)
-    return int(hits[0]) if hits.size else len(tokens)
-
-
 def _distribution(config: CompareConfig, ours, other) -> dict[str, Any]:
     """Temperature 1, `tv_samples` samples of each of `tv_prompts` prompts per rollout; TV per
     position between our first half and theirs, and between our two halves (noise floor)."""
-    from tunix_adapter import demo
+    from sgl_jax_rollout_apps import demo
 
     half = config.tv_samples // 2
     rows = []
@@ -311,7 +286,7 @@ def _throughput(config: CompareConfig, rollout, prompts: list[str]) -> float:
 
 
 def _grpo(config: CompareConfig, out: Path) -> dict[str, Any]:
-    from tunix_adapter import demo
+    from sgl_jax_rollout_apps import demo
 
     histories = {}
     rollouts = ("vanilla", "sglang_jax") if config.against == "vanilla" else ("sglang_jax",)
@@ -326,34 +301,17 @@ def _grpo(config: CompareConfig, out: Path) -> dict[str, Any]:
         )
         cluster, learner = demo.build(demo_config)
         histories[name] = demo.train(demo_config, cluster, learner)
-    _plot(histories, out / "compare.png")
+    reward_and_entropy(
+        histories,
+        out / "compare.png",
+        "GRPO, same seed and reward: sglang_jax vs the other rollout",
+    )
     return {
         "steps": config.steps,
         "final_reward": {k: h[-1]["reward_mean"] for k, h in histories.items()},
         "reward": {k: [r["reward_mean"] for r in h] for k, h in histories.items()},
         "entropy": {k: [r.get("entropy_mean", math.nan) for r in h] for k, h in histories.items()},
     }
-
-
-def _plot(histories: dict[str, list[dict]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
-    for name, history in histories.items():
-        steps = [r["step"] for r in history]
-        top.plot(steps, [r["reward_mean"] for r in history], marker="o", label=name)
-        bottom.plot(steps, [r.get("entropy_mean", math.nan) for r in history], marker="o")
-    top.set_ylabel("reward mean")
-    top.set_title("GRPO, same seed and reward: sglang_jax vs the other rollout")
-    top.legend()
-    bottom.set_ylabel("rollout entropy mean")
-    bottom.set_xlabel("step")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
 
 
 def table(report: dict[str, Any]) -> str:

@@ -159,7 +159,7 @@ def run(steps: int = 20, warmup: int = 3) -> dict:
 def _sgl_jax_step_factory():
     """sgl-jax's own sampler with logprobs, or None when sgl_jax cannot be imported."""
     try:
-        from sgl_jax_rollout.bench.sgl_jax_sampler import make_sgl_jax_step
+        from sgl_jax_rollout_apps.bench.sgl_jax_sampler import make_sgl_jax_step
     except ImportError:
         return None
     return make_sgl_jax_step(TEMPERATURE, TOP_K, TOP_P)

@@ -1,6 +1,6 @@
 """tunix 0.1.7's own `SglangJaxRollout`, timed on the rollout benchmark's workloads.
 
-Run as a subprocess by `rollout_bench` (`python -m sgl_jax_rollout.bench.tunix_sglang_jax
+Run as a subprocess by `rollout_bench` (`python -m sgl_jax_rollout_apps.bench.tunix_sglang_jax
 MODEL_DIR SETTINGS_JSON RUNS`): our engine patches are process-wide, and tunix's rollout must
 run on stock sgl-jax. Uses the same engine settings and the weights of MODEL_DIR (tunix loads
 them into its trainer model and syncs them to the engine), and tunix's defaults otherwise
@@ -22,7 +22,7 @@ def main(model_dir: str, settings_json: str, runs: int) -> dict:
     from tunix.rl.rollout.base_rollout import RolloutConfig
     from tunix.rl.rollout.sglang_jax_rollout import SglangJaxRollout
 
-    from sgl_jax_rollout.bench.workloads import WORKLOADS, prompts
+    from sgl_jax_rollout_apps.bench.workloads import WORKLOADS, prompts
     from tunix_adapter.models import load_tunix_model
 
     settings = json.loads(settings_json)

@@ -1,6 +1,6 @@
 """The sgl-jax engine as it ships, timed on the rollout benchmark's workloads.
 
-Run as a subprocess by `rollout_bench` (`python -m sgl_jax_rollout.bench.sgl_jax_stock
+Run as a subprocess by `rollout_bench` (`python -m sgl_jax_rollout_apps.bench.sgl_jax_stock
 MODEL_DIR SETTINGS_JSON RUNS OVERLAP [WORKLOADS_JSON]`): our engine patches are
 process-wide, and this is the engine without them: its own sampler, no logprobs, no
 entropy, what a user gets without us.
@@ -31,9 +31,9 @@ def main(
     from transformers import AutoTokenizer
 
     from sgl_jax_rollout import rollout_inputs as inputs
-    from sgl_jax_rollout.bench.workloads import WORKLOADS, prompts
     from sgl_jax_rollout.engine.profiling import time_jitted_calls
     from sgl_jax_rollout.engine.settings import EngineSettings
+    from sgl_jax_rollout_apps.bench.workloads import WORKLOADS, prompts
 
     settings = EngineSettings(**json.loads(settings_json))
     args = settings.server_args(model_dir, jax.default_backend())

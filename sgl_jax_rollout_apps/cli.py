@@ -1,11 +1,12 @@
 """The `sgl-jax-rollout` command line.
 
-Owns argument parsing and dispatch only: each subcommand calls one library function.
-Subcommands: `demo` (the main job, `tunix_adapter.demo`), `compare` and `check --model-path
-DIR` (the pre-flight, `tunix_adapter.check`): these reach the trainer side, imported only when
-the subcommand runs; `make-tiny-model DIR [--arch A | --like NAME [--real-size [--layers N]]]`,
-`bench sampler|rollout|weights [--json] [--real-size-layers N]`, `bench soak [--requests N]
-[--cycles C] [--json]` (exits 1 when the soak finds a bad completion or memory growth).
+Owns argument parsing and dispatch only: each subcommand calls one function of the library or
+of the applications, imported when the subcommand runs (so `--help` and a missing engine are
+reported fast). Subcommands: `demo` (the main job, `sgl_jax_rollout_apps.demo`), `compare`,
+`check --model-path DIR` (the pre-flight, `tunix_adapter.check`), `make-tiny-model DIR [--arch
+A | --like NAME [--real-size [--layers N]]]`, `bench sampler|rollout|weights [--json]
+[--real-size-layers N]`, `bench soak [--requests N] [--cycles C] [--json]` (exits 1 when the
+soak finds a bad completion or memory growth).
 """
 
 from __future__ import annotations
@@ -77,13 +78,13 @@ def _check(args: argparse.Namespace) -> int:
 
 def _bench(args: argparse.Namespace) -> int:
     if args.target == "sampler":
-        from sgl_jax_rollout.bench import sampler_bench
+        from sgl_jax_rollout_apps.bench import sampler_bench
 
         result = sampler_bench.run(steps=args.steps)
     elif args.target == "soak":
         if _engine_missing():
             return 2
-        from sgl_jax_rollout.bench import soak
+        from sgl_jax_rollout_apps.bench import soak
 
         result = soak.run(
             requests=args.requests, cycles=args.cycles, seed=args.seed, model_path=args.model_path
@@ -91,7 +92,7 @@ def _bench(args: argparse.Namespace) -> int:
     else:
         if _engine_missing():
             return 2
-        from sgl_jax_rollout.bench import rollout_bench
+        from sgl_jax_rollout_apps.bench import rollout_bench
 
         if args.target == "rollout":
             result = rollout_bench.run_rollout(
@@ -119,7 +120,15 @@ def _demo(args: argparse.Namespace) -> int:
         "(or run the demo on tunix's rollout: --rollout vanilla)"
     ):
         return 2
-    from tunix_adapter.demo import DemoConfig, run
+    from sgl_jax_rollout_apps.demo import DemoConfig, run
+    from sgl_jax_rollout_apps.plotting import require_matplotlib
+
+    if args.out:
+        try:
+            require_matplotlib()
+        except ImportError as err:
+            print(f"sgl-jax-rollout: error: demo --out: {err}", file=sys.stderr)
+            return 2
 
     config = DemoConfig(
         algo=args.algo,
@@ -144,7 +153,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from tunix_adapter import compare
+    from sgl_jax_rollout_apps import compare
 
     config = compare.CompareConfig(
         against=args.against,

@@ -1,0 +1,115 @@
+"""The package layout of docs/design.md section 1: imports go one way, applications -> trainer
+side (`tunix_adapter`) -> engine side (`sgl_jax_rollout`), and the library needs neither
+matplotlib nor tqdm.
+
+Read from the source (every `import`, at any depth, and any string naming a module that
+`importlib` could load), so a lazy import inside a function counts; then checked in a fresh
+interpreter, importing every engine-side module.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FORBIDDEN = {
+    "sgl_jax_rollout": ("tunix_adapter", "sgl_jax_rollout_apps", "matplotlib", "tqdm"),
+    "tunix_adapter": ("sgl_jax_rollout_apps", "matplotlib"),
+}
+_MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+
+
+def imported_modules(source: str) -> set[str]:
+    """Every module an `import` / `from ... import` names, anywhere in `source`, and every
+    string constant that is a dotted module name (what `importlib.import_module` would get)."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module)
+        elif (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and _MODULE_NAME.fullmatch(node.value)
+        ):
+            found.add(node.value)
+    return found
+
+
+def _hits(modules: set[str], forbidden: tuple[str, ...]) -> list[str]:
+    return sorted(m for m in modules if m.split(".")[0] in forbidden)
+
+
+def test_imported_modules_finds_lazy_and_dynamic_imports():
+    source = textwrap.dedent(
+        """
+        import json
+        def f():
+            from tunix_adapter.models import load_tunix_model
+            import sgl_jax_rollout_apps.cli as cli
+            return importlib.import_module("matplotlib.pyplot")
+        x = "a sentence naming tunix_adapter, not a module"
+        """
+    )
+    found = imported_modules(source)
+    assert _hits(found, FORBIDDEN["sgl_jax_rollout"]) == [
+        "matplotlib.pyplot",
+        "sgl_jax_rollout_apps.cli",
+        "tunix_adapter.models",
+    ]
+    assert "json" in found
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def test_package_imports_only_downstream(package):
+    bad = {}
+    for path in sorted((ROOT / package).rglob("*.py")):
+        hits = _hits(imported_modules(path.read_text()), FORBIDDEN[package])
+        if hits:
+            bad[str(path.relative_to(ROOT))] = hits
+    assert not bad, f"{package} must not import {FORBIDDEN[package]}: {bad}"
+
+
+def test_engine_side_modules_load_without_trainer_side_or_apps():
+    """Every module of `sgl_jax_rollout` imported in a fresh interpreter (modules that need
+    the sgl-jax engine are skipped where it is not installed) leaves the trainer side, the
+    applications and matplotlib out of `sys.modules`."""
+    script = textwrap.dedent(
+        """
+        import importlib, pkgutil, sys
+        import sgl_jax_rollout
+        needs_engine = []
+        for info in pkgutil.walk_packages(sgl_jax_rollout.__path__, "sgl_jax_rollout."):
+            try:
+                importlib.import_module(info.name)
+            except ModuleNotFoundError as err:
+                if not (err.name or "").startswith("sgl_jax"):
+                    raise
+                needs_engine.append(info.name)
+        loaded = sorted(
+            m for m in sys.modules
+            if m.split(".")[0] in ("tunix_adapter", "sgl_jax_rollout_apps", "matplotlib")
+        )
+        print("LOADED", loaded)
+        print("NEEDS_ENGINE", needs_engine)
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "LOADED []" in result.stdout, result.stdout

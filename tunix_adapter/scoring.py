@@ -1,0 +1,39 @@
+"""tunix's trainer-side scoring of a rollout's completions, shared by `check` and `compare`.
+
+Owns `trainer_scores` (tunix's `compute_per_token_logps` on a rollout output) and
+`before_pad` (where a completion ends for tunix's trainer, which reads a pad id as padding).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sgl_jax_rollout.rollout_inputs import right_pad_ids
+
+
+def trainer_scores(rollout, trainer, out, temperature: float) -> tuple[np.ndarray, np.ndarray]:
+    """tunix's trainer-side logprobs `[B, L]` of a rollout output's completions at
+    `temperature`, and the trainer's logits `[B, L, V]` at those positions."""
+    from flax import nnx
+    from tunix.rl.common import compute_per_token_logps
+
+    pad = rollout.pad_id()
+    completions = right_pad_ids(out.tokens, max(1, max(len(t) for t in out.tokens)), pad)
+    graphdef, state = nnx.split(trainer)
+    logps, logits = compute_per_token_logps(
+        graphdef,
+        state,
+        np.asarray(out.left_padded_prompt_tokens),
+        completions,
+        pad_id=pad,
+        eos_id=rollout.eos_id(),
+        temperature=temperature,
+        return_logits=True,
+    )
+    return np.asarray(logps), np.asarray(logits)
+
+
+def before_pad(tokens, pad: int) -> int:
+    """Index of the first pad id in `tokens` (its length when there is none)."""
+    hits = np.flatnonzero(np.asarray(tokens) == pad)
+    return int(hits[0]) if hits.size else len(tokens)
