@@ -1,13 +1,209 @@
-"""The tunix names this package uses, imported in one place.
+"""Every tunix symbol the project uses, resolved in one place, for tunix 0.1.7 and tunix main.
 
-Targets tunix 0.1.7. tunix's main branch moved `RolloutConfig` to `tunix/common/configs.py`
-(still re-exported by `base_rollout`) and renamed `RLCluster` to `RLEngine`: the next
-release should need changes here only.
+`from sgl_jax_rollout.tunix_compat import GRPOLearner` resolves the name on first use (module
+`__getattr__`), so the engine side, which needs only the rollout base classes and the weight
+mappings, never loads tunix's trainer modules. `SYMBOLS` says where each release keeps each
+name: the first place that imports wins (0.1.7 first, then tunix main c7d8950f, 2026-08-21).
+`MEMBERS` lists the members, private ones included, that our subclasses override, call or read;
+they are checked when their class resolves, so a tunix release that drops one fails on import
+with its name, never in the middle of training. `check_all()` resolves everything (a test runs
+it on the installed tunix; `make test-tunix-main` on tunix main).
 """
 
 from __future__ import annotations
 
-from tunix.generate.tokenizer_adapter import TokenizerAdapter
-from tunix.rl.rollout.base_rollout import BaseRollout, RolloutConfig, RolloutOutput
+import importlib
+import importlib.util
+import inspect
+import re
+from types import ModuleType
+from typing import Any
 
-__all__ = ["BaseRollout", "RolloutConfig", "RolloutOutput", "TokenizerAdapter"]
+# name -> ((module, attribute), ...): the first that imports wins.
+SYMBOLS: dict[str, tuple[tuple[str, str], ...]] = {
+    # engine side: the rollout interface, tokenizer adapter, weight mappings
+    "BaseRollout": (("tunix.rl.rollout.base_rollout", "BaseRollout"),),
+    "RolloutOutput": (("tunix.rl.rollout.base_rollout", "RolloutOutput"),),
+    "RolloutConfig": (
+        ("tunix.rl.rollout.base_rollout", "RolloutConfig"),
+        ("tunix.common.configs", "RolloutConfig"),
+    ),
+    "CacheConfig": (("tunix.rl.rollout.base_rollout", "CacheConfig"),),
+    "TokenizerAdapter": (("tunix.generate.tokenizer_adapter", "TokenizerAdapter"),),
+    "MappingConfig": (("tunix.generate.mappings", "MappingConfig"),),
+    "build_flat_dict": (("tunix.generate.utils", "build_flat_dict"),),
+    "transfer_state_with_mappings": (("tunix.generate.utils", "transfer_state_with_mappings"),),
+    # trainer side: cluster, learners, scoring, registries
+    "RLCluster": (("tunix.rl.rl_cluster", "RLCluster"), ("tunix.rl.rl_cluster", "RLEngine")),
+    "ClusterConfig": (
+        ("tunix.rl.rl_cluster", "ClusterConfig"),
+        ("tunix.common.configs", "ClusterConfig"),
+    ),
+    "RLTrainingConfig": (
+        ("tunix.rl.rl_cluster", "RLTrainingConfig"),
+        ("tunix.common.configs", "RLTrainingConfig"),
+    ),
+    "Role": (("tunix.rl.rl_cluster", "Role"), ("tunix.common.configs", "Role")),
+    "Mode": (("tunix.rl.rl_cluster", "Mode"), ("tunix.common.configs", "Mode")),
+    "create_critic_model": (("tunix.rl.utils", "create_critic_model"),),
+    "put_params_on_memory_kind": (("tunix.rl.utils", "put_params_on_memory_kind"),),
+    "reshard_model_to_mesh": (("tunix.rl.reshard", "reshard_model_to_mesh"),),
+    "GRPOConfig": (("tunix.rl.grpo.grpo_learner", "GRPOConfig"),),
+    "GRPOLearner": (("tunix.rl.grpo.grpo_learner", "GRPOLearner"),),
+    "TrainExample": (("tunix.rl.grpo.grpo_learner", "TrainExample"),),
+    "PPOConfig": (("tunix.rl.ppo.ppo_learner", "PPOConfig"),),
+    "PPOLearner": (("tunix.rl.ppo.ppo_learner", "PPOLearner"),),
+    "get_advantage_estimator": (("tunix.rl.function_registry", "get_advantage_estimator"),),
+    "register_advantage_estimator": (
+        ("tunix.rl.function_registry", "register_advantage_estimator"),
+    ),
+    "compute_per_token_logps": (("tunix.rl.common", "compute_per_token_logps"),),
+    "build_positions_from_mask": (("tunix.rl.common", "build_positions_from_mask"),),
+    "make_causal_attn_mask": (("tunix.rl.common", "make_causal_attn_mask"),),
+    "left_pad": (("tunix.rl.agentic.utils", "left_pad"),),
+    "right_pad": (("tunix.rl.agentic.utils", "right_pad"),),
+    "TrajectoryItem": (("tunix.rl.agentic.agents.agent_types", "TrajectoryItem"),),
+    # the rollouts we compare with and benchmark against
+    "VanillaRollout": (("tunix.rl.rollout.vanilla_rollout", "VanillaRollout"),),
+    "TunixSglangJaxRollout": (("tunix.rl.rollout.sglang_jax_rollout", "SglangJaxRollout"),),
+    "VllmRollout": (("tunix.rl.rollout.vllm_rollout", "VllmRollout"),),
+}
+
+# Modules imported for what they register or hold, not for a name: `algo_core` registers
+# tunix's own "grpo" advantage estimator; `rl_utils` holds `_is_same_state`, which
+# `tunix_adapter.upstream_fixes` replaces.
+MODULES: dict[str, str] = {
+    "algo_core": "tunix.rl.algo_core",
+    "rl_utils": "tunix.rl.utils",
+}
+
+# class name -> members we override, call or read (found in the class, its bases, or, for
+# attributes set in `__init__`, the source of the class or its bases).
+MEMBERS: dict[str, tuple[str, ...]] = {
+    "BaseRollout": (
+        "generate",
+        "get_per_token_logps",
+        "update_params",
+        "pad_id",
+        "eos_id",
+        "model",
+    ),
+    "RLCluster": (
+        "generate",
+        "rollout",
+        "actor_trainer",
+        "get_actor_per_token_logps",
+        "get_rollout_config",
+        "buffer_metrics",
+        "sync_weights",
+        "_anchor_policy_state",
+    ),
+    "GRPOLearner": (
+        "_generate_and_compute_advantage",
+        "_compute_rewards",
+        "_compute_logps_micro_batch_size",
+        "should_sync_weights",
+        "rl_cluster",
+        "algo_config",
+    ),
+    "TrainExample": ("old_per_token_logps", "sampler_is_weights", "prompt_ids", "completion_ids"),
+    "VanillaRollout": ("generate", "_sampler"),
+    "rl_utils": ("_is_same_state",),
+}
+
+__all__ = sorted([*SYMBOLS, *MODULES, "check_all", "model_module"])
+_RESOLVED: dict[str, Any] = {}
+
+
+class TunixIncompatible(ImportError):
+    """The installed tunix lacks a name or member this project uses (the message says which)."""
+
+
+def __getattr__(name: str) -> Any:
+    if name in _RESOLVED:
+        return _RESOLVED[name]
+    if name in SYMBOLS:
+        value = _resolve(name)
+    elif name in MODULES:
+        value = importlib.import_module(MODULES[name])
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    _check_members(name, value)
+    _RESOLVED[name] = value
+    return value
+
+
+def _resolve(name: str) -> Any:
+    tried = []
+    for module_name, attribute in SYMBOLS[name]:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as err:
+            if not (err.name and module_name.startswith(err.name)):
+                raise  # the module exists but one of its own dependencies is missing
+            tried.append(f"{module_name} (no such module)")
+            continue
+        if hasattr(module, attribute):
+            return getattr(module, attribute)
+        tried.append(f"{module_name}.{attribute}")
+    raise TunixIncompatible(
+        f"tunix {_version()} has no {name}: looked for {', '.join(tried)} "
+        "(sgl_jax_rollout/tunix_compat.py lists where each tunix release keeps it)"
+    )
+
+
+def _check_members(name: str, value: Any) -> None:
+    missing = [m for m in MEMBERS.get(name, ()) if not _has_member(value, m)]
+    if missing:
+        raise TunixIncompatible(
+            f"tunix {_version()}: {name} has no {', '.join(missing)}, which "
+            "sgl-jax-rollout overrides or reads (sgl_jax_rollout/tunix_compat.py, MEMBERS)"
+        )
+
+
+def _has_member(value: Any, member: str) -> bool:
+    if hasattr(value, member):
+        return True
+    if isinstance(value, ModuleType) or not inspect.isclass(value):
+        return False
+    if member in getattr(value, "__dataclass_fields__", {}):
+        return True
+    # An attribute set in `__init__`: assigned in the source of the class or one of its bases.
+    assigned = re.compile(rf"self\.{member}\s*(:[^=\n]*)?=[^=]")
+    for cls in value.__mro__:
+        try:
+            if assigned.search(inspect.getsource(cls)):
+                return True
+        except (OSError, TypeError):
+            continue
+    return False
+
+
+def model_module(package: str, kind: str) -> ModuleType:
+    """tunix's `tunix.models.<package>.<kind>` (kind: `model`, `params` or
+    `mapping_sglang_jax`), with an error naming the family when this tunix lacks it."""
+    module_name = f"tunix.models.{package}.{kind}"
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        if err.name and module_name.startswith(err.name):
+            raise TunixIncompatible(f"tunix {_version()} has no {module_name}") from err
+        raise
+
+
+def check_all(names: tuple[str, ...] | None = None) -> None:
+    """Resolves every name (or `names`) and checks its members; raises `TunixIncompatible`
+    naming the first that fails. `VllmRollout` needs vLLM and is checked only where it imports."""
+    for name in names or (*SYMBOLS, *MODULES):
+        if name == "VllmRollout" and importlib.util.find_spec("vllm") is None:
+            continue
+        __getattr__(name)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("google-tunix")
+    except PackageNotFoundError:
+        return "(not installed)"

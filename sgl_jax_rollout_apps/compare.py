@@ -171,7 +171,7 @@ def _other(config: CompareConfig, trainer, tokenizer, mesh, model_path: Path):
         return VanillaRolloutWithEntropy(trainer, tokenizer, mesh, _config(config, 1.0))
     # tunix's own vLLM rollout setup (tunix/rl/rollout/vllm_rollout.py): the trainer's model
     # and mesh, the checkpoint directory as the vLLM model version. Runs only on TPU.
-    from tunix.rl.rollout.vllm_rollout import VllmRollout
+    from sgl_jax_rollout.tunix_compat import VllmRollout
 
     rollout_config = dataclasses.replace(
         _config(config, 1.0),

@@ -129,9 +129,8 @@ def _rollout_micro_batch(preset: tpu_configs.Preset | None, prompts: int) -> int
 def build(config: DemoConfig):
     """(cluster, learner) of the demo: the toy task on the built-in model (or `model_path`)."""
     import optax
-    from tunix.rl import rl_cluster as rl_cluster_lib
 
-    from sgl_jax_rollout.tunix_compat import RolloutConfig
+    from sgl_jax_rollout.tunix_compat import RLTrainingConfig, RolloutConfig
     from tunix_adapter.cluster import build_cluster
     from tunix_adapter.rewards import vowel_word_reward
 
@@ -146,7 +145,7 @@ def build(config: DemoConfig):
         kv_cache_size=128,
     )
     preset = tpu_configs.load(config.preset) if config.preset else None
-    training = rl_cluster_lib.RLTrainingConfig(
+    training = RLTrainingConfig(
         actor_optimizer=optax.adam(config.learning_rate),
         critic_optimizer=optax.adam(config.learning_rate) if config.algo == "ppo" else None,
         eval_every_n_steps=10**9,
@@ -176,7 +175,7 @@ def train(config: DemoConfig, cluster, learner, shutdown: bool = True) -> list[d
 
     Shuts the rollout down at the end unless `shutdown=False` (then the caller does).
     """
-    from tunix.rl import rl_cluster as rl_cluster_lib
+    from sgl_jax_rollout.tunix_compat import Mode
 
     history: list[dict[str, float]] = []
     bar = tqdm(
@@ -187,7 +186,7 @@ def train(config: DemoConfig, cluster, learner, shutdown: bool = True) -> list[d
     )
 
     def record(buffer) -> None:
-        if str(buffer.mode) != str(rl_cluster_lib.Mode.TRAIN):
+        if str(buffer.mode) != str(Mode.TRAIN):
             return
         row = {"step": len(history)}
         for key, name in REPORTED.items():
@@ -233,7 +232,7 @@ def _shutdown(cluster) -> None:
 
 def _learner(config: DemoConfig, cluster, reward):
     if config.algo == "ppo":
-        from tunix.rl.ppo.ppo_learner import PPOConfig, PPOLearner
+        from sgl_jax_rollout.tunix_compat import PPOConfig, PPOLearner
 
         return PPOLearner(
             rl_cluster=cluster,

@@ -69,6 +69,24 @@ def test_imported_modules_finds_lazy_and_dynamic_imports():
     assert "json" in found
 
 
+def test_tunix_is_reached_through_tunix_compat_only():
+    """Every tunix symbol goes through `sgl_jax_rollout/tunix_compat.py` (docs/design.md
+    section 1, "Upstream seams"), tests included."""
+    # the seam, and the tests that name tunix modules as data
+    allowed = {
+        ROOT / "sgl_jax_rollout" / "tunix_compat.py",
+        ROOT / "tests" / "test_tunix_compat.py",
+        Path(__file__).resolve(),
+    }
+    bad = {}
+    for package in (*FORBIDDEN, "sgl_jax_rollout_apps", "tpu_configs", "tests"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            hits = _hits(imported_modules(path.read_text()), ("tunix",))
+            if hits and path not in allowed:
+                bad[str(path.relative_to(ROOT))] = hits
+    assert not bad, f"import tunix through sgl_jax_rollout.tunix_compat: {bad}"
+
+
 @pytest.mark.parametrize("package", sorted(FORBIDDEN))
 def test_package_imports_only_downstream(package):
     bad = {}

@@ -56,7 +56,7 @@ def comparable(tokens: np.ndarray, pad_id: int) -> int:
 
 
 def trainer_logps(trainer, rollout, prompts, completions, return_logits=False):
-    from tunix.rl.common import compute_per_token_logps
+    from sgl_jax_rollout.tunix_compat import compute_per_token_logps
 
     graphdef, state = nnx.split(trainer)
     out = compute_per_token_logps(
@@ -118,8 +118,8 @@ def test_raw_entropy_equals_numpy_reference_from_trainer_logits(rollout, trainer
 
 def test_greedy_tokens_equal_vanilla_rollout(rollout, trainer, tiny_dir):
     from transformers import AutoTokenizer
-    from tunix.rl.rollout.base_rollout import CacheConfig
-    from tunix.rl.rollout.vanilla_rollout import VanillaRollout
+
+    from sgl_jax_rollout.tunix_compat import CacheConfig, VanillaRollout
 
     cfg = trainer.config
     vanilla = VanillaRollout(

@@ -19,11 +19,16 @@ pytestmark = pytest.mark.engine
 def test_cluster_builds_generates_and_syncs_weights_through_our_rollout(tiny_dir):
     from flax import nnx
     from transformers import AutoTokenizer
-    from tunix.rl.rl_cluster import ClusterConfig, RLCluster, RLTrainingConfig, Role
 
     from sgl_jax_rollout.engine import patches
     from sgl_jax_rollout.rollout import RolloutOutputWithEntropy, SglangJaxRollout
-    from sgl_jax_rollout.tunix_compat import RolloutConfig
+    from sgl_jax_rollout.tunix_compat import (
+        ClusterConfig,
+        RLCluster,
+        RLTrainingConfig,
+        Role,
+        RolloutConfig,
+    )
     from tests.conftest import TEST_SETTINGS
     from tunix_adapter.models import load_tunix_model
 

@@ -25,17 +25,24 @@ from typing import Any
 
 import jax
 from flax import nnx
-from tunix.rl import rl_cluster as rl_cluster_lib
-from tunix.rl import utils as rl_utils
 
 from sgl_jax_rollout.rollout import RolloutOutputWithEntropy
+from sgl_jax_rollout.tunix_compat import (
+    ClusterConfig,
+    RLCluster,
+    RLTrainingConfig,
+    Role,
+    create_critic_model,
+    put_params_on_memory_kind,
+    reshard_model_to_mesh,
+)
 from tunix_adapter.models import load_tunix_model
 from tunix_adapter.upstream_fixes import fix_sharing_check
 
 ROLLOUTS = ("sglang_jax", "vanilla")
 
 
-class RolloutCluster(rl_cluster_lib.RLCluster):
+class RolloutCluster(RLCluster):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.last_rollout: RolloutOutputWithEntropy | None = None
@@ -45,7 +52,7 @@ class RolloutCluster(rl_cluster_lib.RLCluster):
     def snapshot_policy(self) -> None:
         """Stores the actor's current weights as tunix's anchor state (what `sync_weights`
         stores), the weights `get_actor_per_token_logps` scores with."""
-        self._anchor_policy_state = rl_utils.put_params_on_memory_kind(
+        self._anchor_policy_state = put_params_on_memory_kind(
             nnx.state(self.actor_trainer.model), "pinned_host"
         )
 
@@ -91,7 +98,6 @@ def with_lora(model: Any, lora: Mapping[str, Any], mesh: jax.sharding.Mesh) -> A
     """`model` with qwix LoRA adapters (B = 0: the same function until trained), as tunix's
     own CLI applies them."""
     import qwix
-    from tunix.rl import reshard
 
     lora_scaling(lora)
     provider = qwix.LoraProvider(
@@ -100,7 +106,7 @@ def with_lora(model: Any, lora: Mapping[str, Any], mesh: jax.sharding.Mesh) -> A
     adapted = qwix.apply_lora_to_model(
         model, provider, rngs=nnx.Rngs(lora.get("seed", 0)), **model.get_model_input()
     )
-    return reshard.reshard_model_to_mesh(adapted, mesh)
+    return reshard_model_to_mesh(adapted, mesh)
 
 
 def build_cluster(
@@ -108,7 +114,7 @@ def build_cluster(
     rollout: str = "sglang_jax",
     model_path: str | Path | None = None,
     rollout_config: Any,
-    training_config: rl_cluster_lib.RLTrainingConfig,
+    training_config: RLTrainingConfig,
     mesh: jax.sharding.Mesh | None = None,
     engine_settings: Any = None,
     sampling: Any = None,
@@ -173,12 +179,9 @@ def build_cluster(
         actor = with_lora(actor, lora, mesh)
     critic = None
     if with_critic:
-        critic = rl_utils.create_critic_model(load_tunix_model(model_path, mesh))
-    config = rl_cluster_lib.ClusterConfig(
-        role_to_mesh={
-            role: rollout_mesh if role == rl_cluster_lib.Role.ROLLOUT else mesh
-            for role in rl_cluster_lib.Role
-        },
+        critic = create_critic_model(load_tunix_model(model_path, mesh))
+    config = ClusterConfig(
+        role_to_mesh={role: rollout_mesh if role == Role.ROLLOUT else mesh for role in Role},
         rollout_engine=engine,
         training_config=training_config,
         rollout_config=rollout_config,

@@ -22,9 +22,11 @@ from collections.abc import Iterator
 
 import numpy as np
 from jaxtyping import Bool, Float, Int
-from tunix.rl import (
+
+from sgl_jax_rollout.tunix_compat import (
     algo_core,  # noqa: F401  (registers tunix's own "grpo" estimator)
-    function_registry,
+    get_advantage_estimator,
+    register_advantage_estimator,
 )
 
 QWEN3_THINK_IDS = (151667, 151668)
@@ -109,7 +111,7 @@ def egpo_advantages(
         raise ValueError(
             f"entropy_mean must have one value per sample {rewards.shape}, got {entropy_mean.shape}"
         )
-    grpo = function_registry.get_advantage_estimator("grpo")
+    grpo = get_advantage_estimator("grpo")
     advantage = np.asarray(grpo(rewards=rewards, num_generations=num_generations), np.float64)
     bound = np.abs(advantage) / settings.egpo_alpha
     return advantage + settings.egpo_lambda * np.clip(entropy_mean, -bound, bound)
@@ -134,7 +136,7 @@ def estimator_inputs(entropy_mean: np.ndarray, settings: EgpoSettings) -> Iterat
         _INPUTS.reset(token)
 
 
-@function_registry.register_advantage_estimator("egpo")
+@register_advantage_estimator("egpo")
 def compute_egpo_advantages(rewards: np.ndarray, num_generations: int) -> np.ndarray:
     """tunix advantage estimator `egpo` (called by tunix with rewards and group size only)."""
     inputs = _INPUTS.get()

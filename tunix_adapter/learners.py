@@ -26,23 +26,22 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Bool, Float
-from tunix.rl import rl_cluster as rl_cluster_lib
-from tunix.rl.grpo import grpo_learner
 
 from sgl_jax_rollout.rollout_inputs import right_pad_ids, right_pad_values
+from sgl_jax_rollout.tunix_compat import GRPOConfig, GRPOLearner, Mode, TrainExample
 from tunix_adapter import egpo
 from tunix_adapter.cluster import RolloutCluster
 from tunix_adapter.metrics import rollout_metrics
 
 
 @flax.struct.dataclass(frozen=True)
-class RolloutTrainExample(grpo_learner.TrainExample):
+class RolloutTrainExample(TrainExample):
     rollout_logprobs: jax.Array | None = None
     rollout_entropy: jax.Array | None = None
 
 
 @dataclasses.dataclass(kw_only=True)
-class RolloutGRPOConfig(grpo_learner.GRPOConfig):
+class RolloutGRPOConfig(GRPOConfig):
     """`GRPOConfig` plus: rollout logprobs as old logprobs, TIS, trainer metrics, EGPO."""
 
     use_rollout_logprobs: bool = True
@@ -86,7 +85,7 @@ def tis_weights(
     return np.where(completion_mask, np.minimum(ratio, cap), 0.0).astype(np.float32)
 
 
-class RolloutGRPOLearner(grpo_learner.GRPOLearner):
+class RolloutGRPOLearner(GRPOLearner):
     def __init__(self, rl_cluster: RolloutCluster, algo_config: RolloutGRPOConfig, **kwargs):
         if not isinstance(rl_cluster, RolloutCluster):
             raise TypeError(
@@ -109,7 +108,7 @@ class RolloutGRPOLearner(grpo_learner.GRPOLearner):
         return rewards
 
     def _generate_and_compute_advantage(
-        self, training_input, mode: rl_cluster_lib.Mode = rl_cluster_lib.Mode.TRAIN
+        self, training_input, mode: Mode = Mode.TRAIN
     ) -> RolloutTrainExample:
         with contextlib.ExitStack() as self._estimator_inputs:
             example = super()._generate_and_compute_advantage(training_input, mode)
@@ -152,7 +151,7 @@ class RolloutGRPOLearner(grpo_learner.GRPOLearner):
         )
         return RolloutTrainExample(**fields)
 
-    def _rollout_arrays(self, mode: rl_cluster_lib.Mode):
+    def _rollout_arrays(self, mode: Mode):
         """(completion ids, mask, logprobs or None, entropy) `[B, max_tokens]` of the last
         rollout, right-padded (pad id / False / 0.0) the way tunix pads the completions."""
         out = self.rl_cluster.last_rollout

@@ -8,13 +8,13 @@ settings tunix's models ignore are applied through `tunix_adapter.rope`.
 
 from __future__ import annotations
 
-import importlib
 import json
 from pathlib import Path
 from typing import Any
 
 import jax
 
+from sgl_jax_rollout import tunix_compat
 from tunix_adapter.rope import fix_rope, rope_config
 
 # HF model_type -> tunix package under tunix.models, and the name of its tied-embedding flag.
@@ -45,7 +45,7 @@ def _tunix_config_and_package(model_dir: str | Path):
             f"config.json model_type must be one of {sorted(_TUNIX_MODELS)}, got {model_type!r}"
         )
     package, tied_flag = _TUNIX_MODELS[model_type]
-    model_lib = importlib.import_module(f"tunix.models.{package}.model")
+    model_lib = tunix_compat.model_module(package, "model")
     heads = hf["num_attention_heads"]
     config = model_lib.ModelConfig(
         num_layers=hf["num_hidden_layers"],
@@ -67,5 +67,5 @@ def _tunix_config_and_package(model_dir: str | Path):
 def load_tunix_model(model_dir: str | Path, mesh: jax.sharding.Mesh | None = None):
     """The nnx model of `model_dir`, loaded by tunix's own safetensors loader."""
     config, package = _tunix_config_and_package(model_dir)
-    params = importlib.import_module(f"tunix.models.{package}.params")
+    params = tunix_compat.model_module(package, "params")
     return params.create_model_from_safe_tensors(str(model_dir), config, mesh=mesh)

@@ -25,13 +25,14 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import functools
-import importlib
 import inspect
 import math
 from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
+
+from sgl_jax_rollout import tunix_compat
 
 # tunix model packages whose Attention.block omits rope_theta (tunix 0.1.7, main c7d8950f).
 PATCHED_PACKAGES = ("llama3", "qwen3")
@@ -85,7 +86,7 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: Any = None) -> np.
 def fix_rope() -> None:
     """Idempotent: tunix's llama3 and qwen3 attention use the checkpoint's RoPE."""
     for package in PATCHED_PACKAGES:
-        model_lib = importlib.import_module(f"tunix.models.{package}.model")
+        model_lib = tunix_compat.model_module(package, "model")
         attention = getattr(model_lib, "Attention", None)
         rope = getattr(model_lib, "apply_rope", None)
         if attention is None or rope is None or not hasattr(attention, "block"):

@@ -15,7 +15,8 @@ def trainer_scores(rollout, trainer, out, temperature: float) -> tuple[np.ndarra
     """tunix's trainer-side logprobs `[B, L]` of a rollout output's completions at
     `temperature`, and the trainer's logits `[B, L, V]` at those positions."""
     from flax import nnx
-    from tunix.rl.common import compute_per_token_logps
+
+    from sgl_jax_rollout.tunix_compat import compute_per_token_logps
 
     pad = rollout.pad_id()
     completions = right_pad_ids(out.tokens, max(1, max(len(t) for t in out.tokens)), pad)

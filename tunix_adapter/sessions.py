@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 from jaxtyping import Bool, Float, Int
-from tunix.rl.agentic import utils as agentic_utils
-from tunix.rl.agentic.agents.agent_types import TrajectoryItem
+
+from sgl_jax_rollout.tunix_compat import TrajectoryItem, left_pad, right_pad
 
 log = logging.getLogger(__name__)
 
@@ -166,11 +166,9 @@ def grpo_batch(
         raise ValueError("trajectories is empty")
 
     def right(values: np.ndarray, pad: float, dtype: Any) -> np.ndarray:
-        return agentic_utils.right_pad(values, max_response_length, pad, dtype=dtype)
+        return right_pad(values, max_response_length, pad, dtype=dtype)
 
-    prompt_ids = np.stack(
-        [agentic_utils.left_pad(r.prompt, max_prompt_length, pad_id) for r in rows]
-    )
+    prompt_ids = np.stack([left_pad(r.prompt, max_prompt_length, pad_id) for r in rows])
     return SessionBatch(
         prompt_ids=prompt_ids,
         prompt_mask=prompt_ids != pad_id,

@@ -21,14 +21,9 @@ import jax
 
 def fix_sharing_check() -> None:
     """Idempotent: `tunix.rl.utils._is_same_state` answers False for different leaf counts."""
-    from tunix.rl import utils as rl_utils
+    from sgl_jax_rollout.tunix_compat import rl_utils  # checks that _is_same_state exists
 
-    original = getattr(rl_utils, "_is_same_state", None)
-    if original is None:
-        raise RuntimeError(
-            "tunix.rl.utils._is_same_state is gone: review tunix_adapter.upstream_fixes "
-            "against this tunix release"
-        )
+    original = rl_utils._is_same_state
     if getattr(original, "_sgl_jax_rollout_fix", False):
         return
 

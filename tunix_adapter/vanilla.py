@@ -15,13 +15,16 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from tunix.rl import common
-from tunix.rl.rollout import base_rollout
-from tunix.rl.rollout.vanilla_rollout import VanillaRollout
 
 from sgl_jax_rollout.rollout import RolloutOutputWithEntropy
 from sgl_jax_rollout.rollout_inputs import right_pad_ids
 from sgl_jax_rollout.sampling.distribution import entropy_of_logits
+from sgl_jax_rollout.tunix_compat import (
+    CacheConfig,
+    RolloutConfig,
+    VanillaRollout,
+    compute_per_token_logps,
+)
 
 
 class VanillaRolloutWithEntropy(VanillaRollout):
@@ -31,7 +34,7 @@ class VanillaRolloutWithEntropy(VanillaRollout):
         super().__init__(
             rollout_actor,
             tokenizer,
-            base_rollout.CacheConfig(
+            CacheConfig(
                 cache_size=rollout_config.kv_cache_size,
                 num_layers=config.num_layers,
                 num_kv_heads=config.num_kv_heads,
@@ -40,14 +43,14 @@ class VanillaRolloutWithEntropy(VanillaRollout):
         )
 
     def generate(
-        self, prompts: list[str], rollout_config: base_rollout.RolloutConfig, **kwargs: Any
+        self, prompts: list[str], rollout_config: RolloutConfig, **kwargs: Any
     ) -> RolloutOutputWithEntropy:
         # tunix's learners pass numpy str_ items, which HF fast tokenizers refuse.
         out = super().generate([str(p) for p in prompts], rollout_config, **kwargs)
         width = max(1, max(len(t) for t in out.tokens))
         completions = right_pad_ids(out.tokens, width, self.pad_id())
         graphdef, state = self._sampler.model_def_and_state()
-        logps, logits = common.compute_per_token_logps(
+        logps, logits = compute_per_token_logps(
             graphdef,
             state,
             prompt_tokens=jnp.asarray(out.left_padded_prompt_tokens),

@@ -27,7 +27,6 @@ first, each split across them.
 from __future__ import annotations
 
 import gc
-import importlib
 from typing import Any
 
 import jax
@@ -102,12 +101,11 @@ class WeightSwapper:
                 f"{sorted(TUNIX_FAMILIES)}); first difference: "
                 f"{_structure_difference(params, self.engine_state())}"
             )
-        from tunix.generate import mappings
-        from tunix.generate import utils as tunix_utils
+        from sgl_jax_rollout import tunix_compat as tunix
 
         if self._mapper is None:
-            table = importlib.import_module(f"tunix.models.{family}.mapping_sglang_jax")
-            config = mappings.MappingConfig.build(mapping_obj=table.SGLANG_JAX_MAPPING)
+            table = tunix.model_module(family, "mapping_sglang_jax")
+            config = tunix.MappingConfig.build(mapping_obj=table.SGLANG_JAX_MAPPING)
             model_config = self._runner.model_config
             num_kv_heads = model_config.get_total_num_kv_heads()
             head_dim = model_config.head_dim
@@ -127,9 +125,7 @@ class WeightSwapper:
                     except ValueError as err:
                         raise WeightSyncError(str(err)) from None
                 # tunix's own source -> target table, as its transfer builds it.
-                table_keys = tunix_utils.build_flat_dict(
-                    dst_state.flat_state(), config.to_hf_mappings
-                )
+                table_keys = tunix.build_flat_dict(dst_state.flat_state(), config.to_hf_mappings)
                 unmapped = [
                     key
                     for key in (".".join(map(str, path)) for path, _ in src_state.flat_state())
@@ -141,7 +137,7 @@ class WeightSwapper:
                         f"mapping onto the engine's {family} model: {_listed(unmapped)}"
                         + _lora_hint(unmapped)
                     )
-                out = tunix_utils.transfer_state_with_mappings(
+                out = tunix.transfer_state_with_mappings(
                     src_state=src_state,
                     dst_state=dst_state,
                     key_mappings=config.to_hf_mappings,

@@ -329,9 +329,8 @@ def _recompiles(rollout, tokenizer) -> int:
 
 def _vanilla_rates(model_dir: Path, runs: int) -> dict[str, float]:
     from transformers import AutoTokenizer
-    from tunix.rl.rollout.base_rollout import CacheConfig
-    from tunix.rl.rollout.vanilla_rollout import VanillaRollout
 
+    from sgl_jax_rollout.tunix_compat import CacheConfig, VanillaRollout
     from tunix_adapter.models import load_tunix_model
 
     model = load_tunix_model(model_dir)

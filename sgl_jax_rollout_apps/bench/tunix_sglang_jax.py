@@ -19,9 +19,9 @@ import time
 def main(model_dir: str, settings_json: str, runs: int) -> dict:
     import jax
     from transformers import AutoTokenizer
-    from tunix.rl.rollout.base_rollout import RolloutConfig
-    from tunix.rl.rollout.sglang_jax_rollout import SglangJaxRollout
 
+    from sgl_jax_rollout.tunix_compat import RolloutConfig
+    from sgl_jax_rollout.tunix_compat import TunixSglangJaxRollout as SglangJaxRollout
     from sgl_jax_rollout_apps.bench.workloads import WORKLOADS, prompts
     from tunix_adapter.models import load_tunix_model
 

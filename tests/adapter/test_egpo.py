@@ -87,9 +87,9 @@ def test_bad_settings_raise_naming_the_field(kwargs, field):
 
 
 def test_registered_estimator_uses_the_entropy_it_is_given_and_refuses_without():
-    from tunix.rl import function_registry
+    from sgl_jax_rollout import tunix_compat
 
-    estimator = function_registry.get_advantage_estimator("egpo")
+    estimator = tunix_compat.get_advantage_estimator("egpo")
     assert estimator is compute_egpo_advantages
     rewards = np.array([1.0, 0.0])
     with pytest.raises(ValueError, match="needs the rollout entropy"):

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from sgl_jax_rollout import tunix_compat
 from tunix_adapter import rope
 
 LLAMA31 = {
@@ -91,7 +92,7 @@ def test_the_trainer_uses_the_checkpoint_theta_and_scaling(tiny_llama):
 
 
 def test_where_tunix_was_right_nothing_changes(tiny_llama):
-    import tunix.models.llama3.model as model_lib
+    model_lib = tunix_compat.model_module("llama3", "model")
 
     from tunix_adapter.models import load_tunix_model
 
@@ -114,7 +115,7 @@ def test_unsupported_rope_scaling_is_refused_by_name(tiny_llama):
 
 
 def test_the_fix_applies_once():
-    import tunix.models.qwen3.model as model_lib
+    model_lib = tunix_compat.model_module("qwen3", "model")
 
     rope.fix_rope()
     block, apply_rope = model_lib.Attention.block, model_lib.apply_rope

@@ -30,8 +30,8 @@ def greedy_probe(cluster) -> dict:
     """The engine's greedy tokens, and the actor's argmax at each of those positions."""
     import jax.numpy as jnp
     from flax import nnx
-    from tunix.rl import common
 
+    from sgl_jax_rollout import tunix_compat
     from sgl_jax_rollout.tunix_compat import RolloutConfig
 
     rc = RolloutConfig(max_tokens_to_generate=12, max_prompt_length=16, temperature=0.0)
@@ -42,7 +42,7 @@ def greedy_probe(cluster) -> dict:
     for i, t in enumerate(out.tokens):
         completions[i, : len(t)] = t
     graphdef, state = nnx.split(cluster.actor_trainer.model)
-    _, logits = common.compute_per_token_logps(
+    _, logits = tunix_compat.compute_per_token_logps(
         graphdef,
         state,
         jnp.asarray(out.left_padded_prompt_tokens),
@@ -106,8 +106,8 @@ def test_lora_grpo_steps_serve_the_merged_adapters(tiny_dir):
     import jax
     import jax.numpy as jnp
     from flax import nnx
-    from tunix.rl import common
 
+    from sgl_jax_rollout import tunix_compat
     from tunix_adapter.models import load_tunix_model
 
     cfg = config(tiny_dir, algo="grpo", steps=3, lora_rank=8, lora_alpha=32.0, learning_rate=3e-2)
@@ -140,7 +140,7 @@ def test_lora_grpo_steps_serve_the_merged_adapters(tiny_dir):
     def logps(model):
         graphdef, state = nnx.split(model)
         return np.asarray(
-            common.compute_per_token_logps(
+            tunix_compat.compute_per_token_logps(
                 graphdef, state, prompts, jnp.asarray(completions), pad, eos, stop_gradient=True
             )
         )

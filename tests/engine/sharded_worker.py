@@ -119,7 +119,8 @@ def program_memory(rollout, state):
 def trainer_logprobs(trainer, rollout, generated):
     import numpy as np
     from flax import nnx
-    from tunix.rl.common import compute_per_token_logps
+
+    from sgl_jax_rollout.tunix_compat import compute_per_token_logps
 
     prompt_ids = np.asarray(generated["prompt_ids"], np.int32)
     pad = rollout.pad_id()

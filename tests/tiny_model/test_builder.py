@@ -124,7 +124,8 @@ def assert_next_token_entropy_far_from_uniform(model, model_dir) -> None:
     import jax
     import jax.numpy as jnp
     from transformers import AutoTokenizer
-    from tunix.rl import common
+
+    from sgl_jax_rollout import tunix_compat
 
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     encoded = [tok.encode(p, add_special_tokens=False) for p in PROMPTS]
@@ -135,9 +136,9 @@ def assert_next_token_entropy_far_from_uniform(model, model_dir) -> None:
     mask = jnp.asarray(tokens != tok.pad_token_id)
     logits, _ = model(
         jnp.asarray(tokens),
-        common.build_positions_from_mask(mask),
+        tunix_compat.build_positions_from_mask(mask),
         None,
-        common.make_causal_attn_mask(mask),
+        tunix_compat.make_causal_attn_mask(mask),
     )
     logp = np.asarray(jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1), np.float64)
     entropy = -(np.exp(logp) * logp).sum(-1)[np.asarray(mask)]
