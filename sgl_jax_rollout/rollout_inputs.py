@@ -168,6 +168,42 @@ def completion_rows(
     return rows
 
 
+def prompt_list(prompts: Any) -> list[str]:
+    """`generate`'s prompts as a list of strings (tunix's PPO learner passes a numpy array);
+    raises ValueError naming what is wrong."""
+    if isinstance(prompts, np.ndarray) and prompts.ndim == 1:
+        prompts = prompts.tolist()
+    if isinstance(prompts, str) or not isinstance(prompts, Sequence):
+        raise ValueError(f"prompts must be a list of strings, got {type(prompts).__name__}")
+    if not prompts:
+        raise ValueError("prompts must not be empty")
+    bad = [i for i, p in enumerate(prompts) if not isinstance(p, str)]
+    if bad:
+        raise ValueError(f"prompts must be strings; not at index(es) {bad[:10]}")
+    return list(prompts)
+
+
+def scoring_rows(
+    prompt_tokens: Int[Any, "b p"], completion_tokens: Int[Any, "b c"], pad_id: int, eos_id: int
+) -> tuple[list[list[int]], list[list[int]], int]:
+    """`get_per_token_logps`'s padded arrays as (prompt rows, completion rows, completion
+    width); raises ValueError on shapes that do not pair up."""
+    prompt_tokens = np.asarray(prompt_tokens)
+    completion_tokens = np.asarray(completion_tokens)
+    if prompt_tokens.ndim != 2 or completion_tokens.ndim != 2:
+        raise ValueError("prompt_tokens and completion_tokens must be 2-D [batch, length]")
+    if prompt_tokens.shape[0] != completion_tokens.shape[0]:
+        raise ValueError(
+            f"batch sizes differ: {prompt_tokens.shape[0]} prompts, "
+            f"{completion_tokens.shape[0]} completions"
+        )
+    return (
+        prompt_rows(prompt_tokens, pad_id),
+        completion_rows(completion_tokens, pad_id, eos_id),
+        completion_tokens.shape[1],
+    )
+
+
 def right_pad_ids(rows: Sequence[Sequence[int]], width: int, pad_id: int) -> Int[np.ndarray, "b w"]:
     """Token id rows right-padded with `pad_id` (rows longer than `width` are cut)."""
     out = np.full((len(rows), width), pad_id, np.int32)
@@ -228,15 +264,27 @@ def sampler_modes(defaults: SamplingOptions) -> list[dict[str, Any]]:
     return [{**mode, "return_logprobs": ret, "penalties": penalties} for ret in (True, False)]
 
 
-def rollout_defaults(model_path: str | Path, use_generation_config: bool) -> SamplingOptions:
+def rollout_defaults(
+    model_path: str | Path,
+    use_generation_config: bool,
+    sampling: SamplingOptions | Mapping[str, Any] | None = None,
+) -> SamplingOptions:
     """The rollout's default options: the library's, or with `use_generation_config` the
-    model's generation_config.json (`default_options`).
+    model's generation_config.json (`default_options`); then the rollout's `sampling` (a
+    `SamplingOptions` replaces them, a dict updates its fields).
 
     Opt-in because the file's values change the sampled distribution (Qwen2.5-Instruct ships
     `repetition_penalty` 1.05-1.1): applied silently, every rollout would be off-policy for a
     trainer that scores the plain model. Without opt-in, the values that would have applied
     are logged once, with the way to opt in.
     """
+    if isinstance(sampling, SamplingOptions):
+        return sampling
+    base = _base_defaults(model_path, use_generation_config)
+    return base if sampling is None else base.replace(**dict(sampling))
+
+
+def _base_defaults(model_path: str | Path, use_generation_config: bool) -> SamplingOptions:
     from_file = default_options(model_path)
     if use_generation_config:
         return from_file

@@ -178,7 +178,7 @@ def test_long_multibyte_completion_is_aligned_past_the_stream_chunk(rollout):
         assert len(t) == len(lp) == len(ent) == 120
     # The engine's scoring, not get_per_token_logps: with ignore_eos a completion may hold an
     # EOS or pad id, where tunix's padded layout (and so get_per_token_logps) cuts it.
-    prompt = rollout._prompt_ids("ü✓ naïve", 32, 0)
+    prompt = rollout._policy.prompt_ids("ü✓ naïve", 32, 0)
     rescored = rollout.engine.score([prompt] * 2, [t.tolist() for t in out.tokens])
     np.testing.assert_allclose(np.stack(rescored), np.stack(out.logprobs), atol=1e-4)
 

@@ -1,10 +1,11 @@
 """LoRA adapters merged into the base weights, in the trainer's (tunix) layout.
 
-Owns `merge_lora`: for every adapted parameter `W` with qwix LoRA factors `A` (`W_lora_a`,
-shape `(*contracted, rank)`) and `B` (`W_lora_b`, shape `(rank, *kept)`), the merged weight is
-`W + scaling * tensordot(A, B, 1)`, with `scaling = alpha / rank` as qwix's `LoraProvider`
-applies it. qwix's einsum and dot-general paths both compute `x @ A @ B * scaling` with the
-contracted dimensions of `W` first, so the product has `W`'s shape; a factor pair whose product
+Owns `split_update` (an update as base weights and LoRA factors) and `merge_lora`: for every
+adapted parameter `W` with qwix LoRA factors `A` (`W_lora_a`, shape `(*contracted, rank)`) and
+`B` (`W_lora_b`, shape `(rank, *kept)`), the merged weight is `W + scaling * tensordot(A, B,
+1)`, with `scaling = alpha / rank` as qwix's `LoraProvider` applies it. qwix's einsum and
+dot-general paths both compute `x @ A @ B * scaling` with the contracted dimensions of `W`
+first, so the product has `W`'s shape; a factor pair whose product
 does not (batched einsums, other layouts) is refused by name rather than merged wrongly.
 
 Traceable: `WeightSwapper` runs it inside the same jitted program as tunix's mapping onto the
@@ -29,6 +30,34 @@ def lora_names(state: Any) -> list[str]:
         for name in (".".join(map(str, path)) for path, _ in state.flat_state())
         if name.endswith((LORA_A, LORA_B))
     ]
+
+
+def split_update(params: Any, actor: Any, scaling: float | None) -> tuple[Any, Any]:
+    """`update_params`'s input as (base weights, LoRA factors or None).
+
+    Without LoRA factors (or for weights in the engine's layout) the input is the base. With
+    them, the base is the input's other parameters, or the frozen base of `actor` (the LoRA
+    model the rollout was built with) when the input holds only the factors, which is what
+    tunix's `sync_weights` sends. Raises ValueError when `scaling` or `actor` is missing."""
+    from flax import nnx
+
+    if not isinstance(params, nnx.State) or not lora_names(params):
+        return params, None
+    if scaling is None:
+        raise ValueError(
+            "update_params: LoRA factors need lora_scaling (qwix's alpha / rank): pass "
+            "SglangJaxRollout(lora_scaling=...)"
+        )
+    lora = params.filter(nnx.LoRAParam)
+    base = params.filter(nnx.Not(nnx.LoRAParam))
+    if not jax.tree_util.tree_leaves(base):  # only adapters: the base is the actor's
+        if actor is None:
+            raise ValueError(
+                "update_params: an adapters-only update needs the base weights: build the "
+                "rollout with rollout_actor= (the LoRA model), as tunix's cluster does"
+            )
+        base = nnx.state(actor, nnx.All(nnx.Param, nnx.Not(nnx.LoRAParam)))
+    return base, lora
 
 
 def merge_lora(base: Any, lora: Any, scaling: float | jax.Array) -> Any:

@@ -1,0 +1,154 @@
+"""What a rollout call asks of the engine: the rollout's request policies, and the asking.
+
+Owns `RequestPolicy`, built once per rollout from its engine, tokenizer, the model's EOS ids
+and the rollout's default options:
+
+- `call`: the options of one call (defaults, then `RolloutConfig`, then per-call overrides),
+  checked against the vocabulary, and its length limits, checked against the context;
+- `prompt_ids`: a prompt's ids with one BOS (where the tokenizer has one), cut from the left to
+  `max_prompt_length` with a warning;
+- `seeds`: one seed per sample (`rollout_inputs.sample_seeds`: an int gives every row its own
+  stream, a list one seed per prompt, None fresh seeds from the rollout's generator);
+- `stop_rules`: the ids that end a completion (the model's EOS ids, `eos_tokens`, the options'
+  `stop_token_ids` and the pad id, which tunix's trainer reads as padding) and the ids held back
+  from the decoded text;
+- `sample` / `sample_session`: the engine requests those rules give, for `generate` and for a
+  managed session.
+
+The pure rules it composes live in `rollout_inputs`; `SglangJaxRollout` only translates.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from sgl_jax_rollout import rollout_inputs as inputs
+from sgl_jax_rollout.engine.rows import RequestSpec
+from sgl_jax_rollout.sampling.options import SamplingOptions
+from sgl_jax_rollout.session import Sampled
+
+logger = logging.getLogger(__name__)
+
+
+class RequestPolicy:
+    def __init__(
+        self,
+        engine: Any,
+        tokenizer: Any,
+        model_eos: list[int],
+        defaults: SamplingOptions,
+        seed: int,
+    ) -> None:
+        self.defaults = defaults
+        self._engine = engine  # a RolloutEngine
+        self._tokenizer = tokenizer  # tunix's TokenizerAdapter
+        self._model_eos = list(model_eos)
+        self._vocab_size = engine.vocab_size
+        self._context = engine.settings.context_length
+        self._fresh_seeds = np.random.default_rng(seed)
+        self._logged = False
+
+    def call(
+        self, rollout_config: Any, overrides: Mapping[str, Any]
+    ) -> tuple[SamplingOptions, int, int]:
+        """Validated options of one call, its max new tokens and max prompt length."""
+        options = inputs.options_for_call(self.defaults, rollout_config, dict(overrides))
+        options.validate_for_vocab(self._vocab_size)
+        max_new = rollout_config.max_tokens_to_generate
+        max_prompt = rollout_config.max_prompt_length
+        if not isinstance(max_new, int) or max_new < 1:
+            raise ValueError(f"max_tokens_to_generate must be an integer >= 1, got {max_new!r}")
+        if not isinstance(max_prompt, int) or max_prompt < 1:
+            raise ValueError(f"max_prompt_length must be an integer >= 1, got {max_prompt!r}")
+        if max_prompt + max_new > self._context:
+            raise ValueError(
+                f"max_prompt_length + max_tokens_to_generate ({max_prompt} + {max_new}) must "
+                f"be <= the engine's context_length ({self._context})"
+            )
+        if not self._logged:
+            logger.info("first rollout call samples with %s", options)
+            self._logged = True
+        return options, max_new, max_prompt
+
+    def check_session_prompt(self, prompt_length: int, max_new: int) -> None:
+        """A session prompt is never truncated: one that leaves no room raises."""
+        if prompt_length + max_new > self._context:
+            raise ValueError(
+                f"the session prompt has {prompt_length} tokens; with "
+                f"max_tokens_to_generate={max_new} it exceeds the engine's context_length "
+                f"({self._context})"
+            )
+
+    def prompt_ids(self, text: str, max_length: int, index: int) -> list[int]:
+        ids = self._tokenizer.encode(str(text))  # tunix's learners pass numpy str_ items
+        bos = inputs.bos_prefix(self._tokenizer.bos_id())
+        ids = self._tokenizer.dedup_bos_ids(bos + list(ids))
+        ids, dropped = inputs.truncate_left(ids, max_length)
+        if dropped:
+            logger.warning(
+                "prompt %d has %d tokens; dropped the first %d (max_prompt_length=%d)",
+                index,
+                len(ids) + dropped,
+                dropped,
+                max_length,
+            )
+        return ids
+
+    def seeds(self, seed: Any, num_prompts: int, n: int) -> list[int]:
+        return inputs.sample_seeds(seed, num_prompts, n, self._fresh_seeds)
+
+    def stop_rules(
+        self, options: SamplingOptions, rollout_config: Any
+    ) -> tuple[list[int], list[int]]:
+        """(ids the engine stops at, ids held back from the decoded text)."""
+        eos = inputs.eos_token_list(rollout_config.eos_tokens, self._vocab_size)
+        if options.ignore_eos and (eos or options.stop_token_ids):
+            raise ValueError(
+                "ignore_eos=True cannot be combined with stop_token_ids or eos_tokens: the "
+                "pinned sgl-jax ignores every stop id when ignore_eos is set"
+            )
+        # eos_tokens stop generation in addition to the model's EOS ids. So does the pad id:
+        # tunix's trainer reads every pad as padding, so no token may follow a sampled pad.
+        stop_ids = list(options.stop_token_ids) + eos
+        pad = self._tokenizer.pad_id()
+        if not options.ignore_eos and pad is not None and pad not in stop_ids + self._model_eos:
+            stop_ids.append(int(pad))
+        hold_back = [] if options.ignore_eos else stop_ids + self._model_eos
+        return stop_ids, hold_back
+
+    def sample(
+        self,
+        rows: list[list[int]],
+        seeds: list[int],
+        options: SamplingOptions,
+        rollout_config: Any,
+    ) -> tuple[list[Any], list[int]]:
+        """One completion per row (row r sampled with seeds[r]); also the held-back stop ids."""
+        stop_ids, hold_back = self.stop_rules(options, rollout_config)
+        single = options.replace(n=1)
+        specs = [RequestSpec(single.replace(seed=s), stop_ids=tuple(hold_back)) for s in seeds]
+        completions = self._engine.generate(
+            rows,
+            specs,
+            max_new_tokens=rollout_config.max_tokens_to_generate,
+            stop=[options.stop] * len(rows),
+            stop_token_ids=[stop_ids] * len(rows),
+            ignore_eos=[options.ignore_eos] * len(rows),
+        )
+        return completions, hold_back
+
+    def sample_session(
+        self, rollout_config: Any, prompt_ids: list[int], n: int, overrides: Mapping[str, Any]
+    ) -> list[Sampled]:
+        """A session's sampler (`session.Sampler`): `n` completions of one prompt, never
+        truncated, with logprobs and entropy."""
+        options, max_new, _ = self.call(rollout_config, {**overrides, "n": n})
+        self.check_session_prompt(len(prompt_ids), max_new)
+        seeds = self.seeds(rollout_config.seed, 1, n)
+        options = options.replace(return_logprobs=True, return_entropy=True)
+        completions, _ = self.sample([prompt_ids] * n, seeds, options, rollout_config)
+        return [Sampled(c.tokens, c.logprobs, c.entropy, str(c.finish_reason)) for c in completions]
