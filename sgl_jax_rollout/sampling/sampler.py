@@ -28,32 +28,30 @@ top-p and no top-k, or rows whose kept set is the vocabulary). Rows that need an
 or a full-vocab draw trigger them through `lax.cond` on runtime values, which never
 recompiles. Per-row settings are arrays: one compile per (batch size, vocab, SamplerConfig).
 
+`sample` calls one function per step above, in that order; `outputs.gather` computes the
+outputs from what the steps produced.
+
 Must not import tunix or sgl_jax.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jaxtyping import Array, Float
+from jaxtyping import Array, Bool, Float, Int
 
 from sgl_jax_rollout.sampling.batch import SamplerConfig, SamplerOutput, SamplingBatch
-from sgl_jax_rollout.sampling.distribution import (
-    entropy_from_mass,
-    entropy_of_weights,
-    finite_or_zero,
-    log_or_neg_inf,
-    mass_and_moment,
-)
 from sgl_jax_rollout.sampling.draw import draw_from_vocab, inverse_cdf, row_uniforms
+from sgl_jax_rollout.sampling.outputs import gather, take
 from sgl_jax_rollout.sampling.penalties import apply_penalties
 from sgl_jax_rollout.sampling.truncation import (
+    Candidates,
     search_thresholds,
     take_candidates,
-    top_k,
     truncate_with_candidates,
 )
 
@@ -67,27 +65,49 @@ def sample(
     config: SamplerConfig = DEFAULT_CONFIG,
 ) -> SamplerOutput:
     """One decode step for every row of `batch` (see the module docstring for the order)."""
-    rows, vocab = logits.shape
-    config.check_vocab(vocab)
-    zeros = jnp.zeros((rows,), jnp.float32)
+    config.check_vocab(logits.shape[1])
+    raw = raw_logits(logits, config)  # 1
+    z = apply_penalties(raw, batch) if config.penalties else raw  # 2
+    greedy, inv_t = temperature(batch)  # 3
+    cand, threshold, bounded = truncate(z, inv_t, greedy, batch, config)  # 4
+    drawn = draw(z, inv_t, greedy, cand, threshold, bounded, batch, config)  # 5
+    return gather(raw, z, inv_t, cand, drawn, config)
 
-    # 1. Raw logits.
+
+def raw_logits(
+    logits: Float[Array, "batch vocab"], config: SamplerConfig
+) -> Float[Array, "batch vocab"]:
+    """Step 1: float32 logits, ids at or beyond `valid_vocab_size` at -inf."""
     raw = logits.astype(jnp.float32)
-    if config.valid_vocab_size is not None and config.valid_vocab_size < vocab:
+    if config.valid_vocab_size is not None and config.valid_vocab_size < logits.shape[1]:
         raw = raw.at[:, config.valid_vocab_size :].set(-jnp.inf)
-    # 2. Penalties.
-    z = apply_penalties(raw, batch) if config.penalties else raw
-    # 3. Temperature (applied to candidate values and inside each fused pass, never stored).
+    return raw
+
+
+def temperature(batch: SamplingBatch) -> tuple[Bool[Array, " batch"], Float[Array, " batch"]]:
+    """Step 3: (greedy rows, 1 / T with 1 for greedy rows). Applied to candidate values and
+    inside each fused pass, never stored."""
     greedy = batch.temperature == 0
-    inv_t = 1.0 / jnp.where(greedy, 1.0, batch.temperature)
-    # 4. Truncation.
+    return greedy, 1.0 / jnp.where(greedy, 1.0, batch.temperature)
+
+
+def truncate(
+    z: Float[Array, "batch vocab"],
+    inv_t: Float[Array, " batch"],
+    greedy: Bool[Array, " batch"],
+    batch: SamplingBatch,
+    config: SamplerConfig,
+) -> tuple[Candidates, Float[Array, " batch"], Bool[Array, " batch"]]:
+    """Step 4: (candidates, per-row threshold on tempered logits, kept set inside the
+    candidates). The exact search runs only when a row needs it."""
+    rows, vocab = z.shape
     cand = take_candidates(z, inv_t, config.candidate_count(vocab))
     top = cand.top
     top_p_over_vocab = ~greedy & ((batch.top_k <= 0) | (batch.top_k >= vocab)) & (batch.top_p < 1)
     full_mass = lax.cond(
         jnp.any(top_p_over_vocab),
         lambda: jnp.exp(z * inv_t[:, None] - top[:, None]).sum(-1),
-        lambda: zeros,
+        lambda: jnp.zeros((rows,), jnp.float32),
     )
     trunc = truncate_with_candidates(cand, batch, vocab, full_mass)
     threshold = lax.cond(
@@ -99,10 +119,42 @@ def sample(
         ),
         lambda: trunc.threshold,
     )
+    return cand, threshold, trunc.bounded
 
-    # 5. Draw.
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Drawn:
+    """Step 5's result and the masses the outputs reuse."""
+
+    tokens: Int[Array, " batch"]
+    from_candidates: Bool[Array, " batch"]  # drawn among the candidates (else over the vocab)
+    cand_pos: Int[Array, " batch"]  # position of the draw among the candidates
+    cand_weights: Float[Array, "batch c"]  # kept candidates' exp(t - top), 0 elsewhere
+    cand_mass: Float[Array, " batch"]
+    vocab_threshold: Float[Array, " batch"]  # threshold, -inf for greedy rows
+    vocab_mass: Float[Array, " batch"]  # kept mass over the vocab (0 where not computed)
+    vocab_moment: Float[Array, " batch"] | None  # for the processed full entropy only
+
+
+def draw(
+    z: Float[Array, "batch vocab"],
+    inv_t: Float[Array, " batch"],
+    greedy: Bool[Array, " batch"],
+    cand: Candidates,
+    threshold: Float[Array, " batch"],
+    bounded: Bool[Array, " batch"],
+    batch: SamplingBatch,
+    config: SamplerConfig,
+) -> Drawn:
+    """Step 5: one uniform per row, inverse CDF over the kept set, from the candidates when
+    the kept set fits in them, else over the vocabulary; greedy rows take the argmax (a
+    vocabulary pass still runs for them when a processed output needs the kept mass)."""
+    rows = z.shape[0]
+    zeros = jnp.zeros((rows,), jnp.float32)
+    top = cand.top
     uniform = row_uniforms(batch.keys)
-    from_candidates = trunc.bounded & ~greedy
+    from_candidates = bounded & ~greedy
     cand_weights = jnp.where(
         cand.values >= threshold[:, None], jnp.exp(cand.values - top[:, None]), 0.0
     )
@@ -125,90 +177,15 @@ def sample(
     tokens = jnp.where(
         greedy,
         cand.ids[:, 0],
-        jnp.where(from_candidates, _take(cand.ids, cand_pos), vocab_token),
+        jnp.where(from_candidates, take(cand.ids, cand_pos), vocab_token),
     ).astype(jnp.int32)
-
-    # Outputs.
-    kept_mass = jnp.where(from_candidates, cand_mass, vocab_mass)
-    log_kept_mass = log_or_neg_inf(kept_mass)
-    raw_top = _raw_top(raw, cand, config)
-    raw_stats = _raw_stats(raw, config)
-
-    logprobs = None
-    if config.return_logprob:
-        if config.logprobs_mode == "processed":
-            token_t = jnp.where(
-                from_candidates, _take(cand.values, cand_pos), _take(z, tokens) * inv_t
-            )
-            logprobs = token_t - top - log_kept_mass
-        else:
-            logprobs = _take(raw, tokens) - raw_stats[0]
-
-    entropy = None
-    if config.return_entropy:
-        k = config.entropy_top_k
-        if config.entropy_source == "processed" and k:
-            values = cand.values[:, :k]
-            kept = values >= vocab_threshold[:, None]
-            weights = jnp.where(kept, jnp.exp(values - top[:, None]), 0.0)
-            entropy = entropy_of_weights(weights, values - top[:, None])
-        elif config.entropy_source == "processed":
-            entropy = jnp.where(
-                from_candidates,
-                entropy_of_weights(cand_weights, cand.values - top[:, None]),
-                entropy_from_mass(vocab_mass, vocab_moment),
-            )
-        elif k:
-            values = raw_top[0][:, :k]
-            shifted = values - finite_or_zero(values[:, 0])[:, None]
-            entropy = entropy_of_weights(jnp.exp(shifted), shifted)
-        else:
-            entropy = entropy_from_mass(raw_stats[1], raw_stats[2])
-
-    top_ids = top_values = None
-    if config.top_logprobs:
-        n = config.top_logprobs
-        if config.logprobs_mode == "processed":
-            values = cand.values[:, :n]
-            kept = values >= vocab_threshold[:, None]
-            top_ids = cand.ids[:, :n]
-            top_values = jnp.where(kept, values - top[:, None] - log_kept_mass[:, None], -jnp.inf)
-        else:
-            top_ids = raw_top[1][:, :n]
-            top_values = raw_top[0][:, :n] - raw_stats[0][:, None]
-
-    return SamplerOutput(tokens, logprobs, entropy, top_ids, top_values)
-
-
-def _raw_stats(raw: Float[Array, "batch vocab"], config: SamplerConfig):
-    """(log-normaliser, mass, moment) of the raw distribution, when an output needs them."""
-    wants_logprob = (config.return_logprob or config.top_logprobs) and (
-        config.logprobs_mode == "raw"
+    return Drawn(
+        tokens,
+        from_candidates,
+        cand_pos,
+        cand_weights,
+        cand_mass,
+        vocab_threshold,
+        vocab_mass,
+        vocab_moment,
     )
-    wants_entropy = (
-        config.return_entropy and config.entropy_source == "raw" and not config.entropy_top_k
-    )
-    if not (wants_logprob or wants_entropy):
-        return None, None, None
-    top = finite_or_zero(jnp.max(raw, axis=-1))
-    mass, moment = mass_and_moment(raw, top)
-    return top + log_or_neg_inf(mass), mass, moment
-
-
-def _raw_top(raw: Float[Array, "batch vocab"], cand, config: SamplerConfig):
-    """(values, ids) of the largest raw logits, as many as raw top-k entropy or raw top
-    logprobs need: the candidates' own when no penalty can reorder them."""
-    entropy_k = config.entropy_top_k if config.return_entropy else 0
-    n = max(
-        entropy_k if config.entropy_source == "raw" else 0,
-        config.top_logprobs if config.logprobs_mode == "raw" else 0,
-    )
-    if not n:
-        return None, None
-    if not config.penalties:
-        return cand.raw_values[:, :n], cand.ids[:, :n]
-    return top_k(raw, n)
-
-
-def _take(values: Array, index: Array) -> Array:
-    return jnp.take_along_axis(values, index[:, None].astype(jnp.int32), axis=1)[:, 0]
