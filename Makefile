@@ -31,7 +31,7 @@ REQUIRE_ENGINE ?=
 ENGINE_LOG := $(VENV)/engine-install.log
 DEMO_ARGS ?=
 
-.PHONY: test lint engine demo venv clean
+.PHONY: test lint engine demo venv clean test-tunix-main tunix-main-env
 
 venv: $(STAMP)
 
@@ -80,5 +80,30 @@ demo: $(STAMP)
 	@$(PY) -c 'from sgl_jax_rollout.tiny_model import default_model_dir as d; print("tiny model:", d())'
 	$(VENV)/bin/sgl-jax-rollout demo --steps 20 --algo grpo --out demo_out $(DEMO_ARGS)
 
+# make test-tunix-main: a second environment, .venv-tunix-main, with tunix main (c7d8950f) in
+# place of 0.1.7, then the tests that touch tunix (adapter, cluster, seam, the engine training
+# tests) there. tunix main declares flax>=0.12.5 and jax[tpu], while the pinned sgl-jax pins
+# flax==0.12.4: tunix main goes in without its dependencies (the rest are 0.1.7's), so the
+# environment keeps flax 0.12.4 and CPU jax (docs/design.md section 2 says why that works).
+# Its wheel comes from WHEELHOUSE=DIR when given, else from github; TUNIX_MAIN_SPEC overrides.
+TM_VENV := .venv-tunix-main
+TM_PY := $(TM_VENV)/bin/python
+TUNIX_MAIN_COMMIT := c7d8950f12a9c55a976bf2e1a0d8b447d71c20b3
+TUNIX_MAIN_SPEC ?= $(if $(WHEELHOUSE),google-tunix==0.1.8.dev0+gc7d8950f,google-tunix @ git+https://github.com/google/tunix@$(TUNIX_MAIN_COMMIT))
+TUNIX_MAIN_TESTS ?= tests/adapter tests/test_tunix_compat.py tests/test_layout.py tests/test_rollout_in_cluster.py
+FIND_LINKS := $(if $(WHEELHOUSE),--find-links "$(WHEELHOUSE)")
+
+tunix-main-env:
+	@test -x $(TM_PY) || $(BASE_PYTHON) -m venv $(TM_VENV)
+	$(TM_PY) -m pip install --quiet --upgrade pip
+	$(TM_PY) -m pip install --quiet -e ".[test,apps]" $(FIND_LINKS) \
+		"$(if $(WHEELHOUSE),$(SGL_JAX_WHEEL),$(SGL_JAX_SPEC))"
+	$(TM_PY) -m pip install --quiet --no-deps $(FIND_LINKS) "$(TUNIX_MAIN_SPEC)"
+	@$(TM_PY) -c 'import importlib.metadata as m; print("tunix-main environment: google-tunix", \
+		m.version("google-tunix"), "flax", m.version("flax"), "jax", m.version("jax"))'
+
+test-tunix-main: tunix-main-env
+	SGL_JAX_ROLLOUT_REQUIRE_ENGINE=1 $(TM_PY) -m pytest -q -p no:cacheprovider $(TUNIX_MAIN_TESTS)
+
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(TM_VENV) .pytest_cache .ruff_cache

@@ -58,6 +58,7 @@ SYMBOLS: dict[str, tuple[tuple[str, str], ...]] = {
         ("tunix.rl.function_registry", "register_advantage_estimator"),
     ),
     "compute_per_token_logps": (("tunix.rl.common", "compute_per_token_logps"),),
+    "process_ids": (("tunix.rl.common", "process_ids"),),
     "build_positions_from_mask": (("tunix.rl.common", "build_positions_from_mask"),),
     "make_causal_attn_mask": (("tunix.rl.common", "make_causal_attn_mask"),),
     "left_pad": (("tunix.rl.agentic.utils", "left_pad"),),
@@ -111,7 +112,9 @@ MEMBERS: dict[str, tuple[str, ...]] = {
     "rl_utils": ("_is_same_state",),
 }
 
-__all__ = sorted([*SYMBOLS, *MODULES, "check_all", "model_module"])
+__all__ = sorted(
+    [*SYMBOLS, *MODULES, "check_all", "model_module", "per_token_logps_and_logits", "ppo_learner"]
+)
 _RESOLVED: dict[str, Any] = {}
 
 
@@ -189,6 +192,48 @@ def model_module(package: str, kind: str) -> ModuleType:
         if err.name and module_name.startswith(err.name):
             raise TunixIncompatible(f"tunix {_version()} has no {module_name}") from err
         raise
+
+
+def per_token_logps_and_logits(
+    graphdef: Any,
+    state: Any,
+    prompt_tokens: Any,
+    completion_tokens: Any,
+    pad_id: int,
+    eos_id: int,
+    temperature: float,
+) -> tuple[Any, Any]:
+    """tunix's trainer-side logprobs `[B, L]` of the completions at `temperature`, and the
+    trainer's logits at those positions divided by `temperature` `[B, L, V]`.
+
+    tunix 0.1.7 returns both from `compute_per_token_logps(return_logits=True)`; tunix main
+    dropped `return_logits` (it returns an entropy instead), so there the logits come from the
+    same forward tunix runs (`process_ids`, then the model on the prompt and completion)."""
+    compute = __getattr__("compute_per_token_logps")
+    args = (graphdef, state, prompt_tokens, completion_tokens)
+    kwargs = dict(pad_id=pad_id, eos_id=eos_id, temperature=temperature)
+    if "return_logits" in inspect.signature(compute).parameters:
+        return compute(*args, return_logits=True, **kwargs)
+    from flax import nnx
+
+    logps = compute(*args, **kwargs)
+    tokens, positions, mask, _ = __getattr__("process_ids")(
+        prompt_tokens, completion_tokens, pad_id, eos_id
+    )
+    logits, _ = nnx.merge(graphdef, state)(
+        tokens, positions=positions, attention_mask=mask, cache=None
+    )
+    width = completion_tokens.shape[1]
+    return logps, logits[:, -width - 1 : -1, :] / temperature
+
+
+def ppo_learner(rl_cluster: Any, config: Any, **kwargs: Any) -> Any:
+    """tunix's `PPOLearner` on `rl_cluster` with `config` (a `PPOConfig`): 0.1.7 names it
+    `ppo_config`, tunix main `algo_config`."""
+    learner = __getattr__("PPOLearner")
+    parameters = inspect.signature(learner.__init__).parameters
+    name = "ppo_config" if "ppo_config" in parameters else "algo_config"
+    return learner(rl_cluster=rl_cluster, **{name: config}, **kwargs)
 
 
 def check_all(names: tuple[str, ...] | None = None) -> None:

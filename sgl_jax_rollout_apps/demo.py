@@ -232,11 +232,11 @@ def _shutdown(cluster) -> None:
 
 def _learner(config: DemoConfig, cluster, reward):
     if config.algo == "ppo":
-        from sgl_jax_rollout.tunix_compat import PPOConfig, PPOLearner
+        from sgl_jax_rollout.tunix_compat import PPOConfig, ppo_learner
 
-        return PPOLearner(
-            rl_cluster=cluster,
-            ppo_config=PPOConfig(beta=0.0, entropy_coef=None),
+        return ppo_learner(
+            cluster,
+            PPOConfig(beta=0.0, entropy_coef=None),
             reward_fns=[reward],
             metric_fns=[_ppo_rollout_metrics(cluster)],
         )

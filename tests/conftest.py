@@ -1,10 +1,11 @@
-"""Markers (`engine` tests need sgl_jax importable, `tpu` tests need a TPU; both skip otherwise)
+"""Markers (`engine` tests need sgl_jax importable, `tpu` tests need a TPU, `tunix_main` tests
+tunix main's GRPO switches; each skips otherwise)
 and the engine tests' shared fixtures: one tiny model, one trainer model, one rollout for the
 whole session (starting an engine compiles for about a minute on CPU).
 
 With `SGL_JAX_ROLLOUT_REQUIRE_ENGINE=1` (CI, `make test REQUIRE_ENGINE=1`) the engine is
 required: a missing engine stops the run at collection, and an engine-marked test that skips
-for any reason fails (a `tpu`-marked test may still skip)."""
+for any reason fails (a `tpu`- or `tunix_main`-marked test may still skip)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,14 @@ def _has_tpu() -> bool:
         return False
 
 
+def _is_tunix_main() -> bool:
+    import dataclasses
+
+    from sgl_jax_rollout.tunix_compat import GRPOConfig
+
+    return "use_rollout_logps" in {f.name for f in dataclasses.fields(GRPOConfig)}
+
+
 def pytest_collection_modifyitems(config, items):
     no_engine = importlib.util.find_spec("sgl_jax") is None
     if no_engine and _engine_required():
@@ -42,6 +51,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="sgl_jax is not installed"))
         if item.get_closest_marker("tpu") is not None and not _has_tpu():
             item.add_marker(pytest.mark.skip(reason="no TPU present"))
+        if item.get_closest_marker("tunix_main") is not None and not _is_tunix_main():
+            item.add_marker(pytest.mark.skip(reason="tunix 0.1.7: no use_rollout_logps"))
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -53,6 +64,7 @@ def pytest_runtest_makereport(item, call):
         and _engine_required()
         and item.get_closest_marker("engine") is not None
         and item.get_closest_marker("tpu") is None
+        and item.get_closest_marker("tunix_main") is None
         and not hasattr(report, "wasxfail")
     ):
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr

@@ -56,19 +56,13 @@ def comparable(tokens: np.ndarray, pad_id: int) -> int:
 
 
 def trainer_logps(trainer, rollout, prompts, completions, return_logits=False):
-    from sgl_jax_rollout.tunix_compat import compute_per_token_logps
+    from sgl_jax_rollout.tunix_compat import per_token_logps_and_logits
 
     graphdef, state = nnx.split(trainer)
-    out = compute_per_token_logps(
-        graphdef,
-        state,
-        prompts,
-        completions,
-        pad_id=rollout.pad_id(),
-        eos_id=rollout.eos_id(),
-        return_logits=return_logits,
+    logps, logits = per_token_logps_and_logits(
+        graphdef, state, prompts, completions, rollout.pad_id(), rollout.eos_id(), 1.0
     )
-    return out if return_logits else (out,)
+    return (logps, logits) if return_logits else (logps,)
 
 
 def test_processed_logprobs_equal_tunix_trainer_recomputation(rollout, trainer):

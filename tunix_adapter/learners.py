@@ -64,6 +64,28 @@ class RolloutGRPOConfig(GRPOConfig):
                     "set use_rollout_logprobs=False to use tis_cap"
                 )
         self.egpo_settings()  # validates lambda, alpha and think ids
+        self._map_onto_tunix_main()
+
+    def _map_onto_tunix_main(self) -> None:
+        """tunix main's GRPO has its own rollout-logprob switches (`use_rollout_logps`, default
+        True, and `sampler_is`): set them from ours, so tunix does what we do once and never
+        twice (left at its defaults, it would take the rollout logprobs as old logprobs under
+        our `use_rollout_logprobs=False`, and `tis_cap` would correct a second time). Our TIS is
+        tunix main's `sampler_is="token"` with `sampler_is_threshold=tis_cap` (same formula);
+        we keep computing it ourselves so both tunix releases train the same way."""
+        names = {f.name for f in dataclasses.fields(self)}
+        if "sampler_is" in names and self.sampler_is is not None:
+            raise ValueError(
+                f"RolloutGRPOConfig: sampler_is={self.sampler_is!r} is tunix main's TIS; set "
+                "tis_cap (the same truncated weights, with use_rollout_logprobs=False) instead"
+            )
+        if "use_rollout_logps" in names:
+            if not self.use_rollout_logps and self.use_rollout_logprobs:
+                raise ValueError(
+                    "RolloutGRPOConfig: use_rollout_logps=False (tunix main's name) contradicts "
+                    "use_rollout_logprobs=True; set use_rollout_logprobs=False"
+                )
+            self.use_rollout_logps = self.use_rollout_logprobs
 
     def egpo_settings(self) -> egpo.EgpoSettings:
         return egpo.EgpoSettings(

@@ -147,5 +147,7 @@ def _scaled_config_class(base: type) -> type:
         f"{base.__name__}WithRopeScaling",
         [("rope_scaling", tuple, dataclasses.field(default=()))],
         bases=(base,),
-        frozen=True,
+        # tunix 0.1.7's configs are frozen, tunix main's llama3 config is not (a dataclass
+        # may only extend one of its own kind)
+        frozen=base.__dataclass_params__.frozen,
     )

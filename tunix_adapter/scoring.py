@@ -16,20 +16,19 @@ def trainer_scores(rollout, trainer, out, temperature: float) -> tuple[np.ndarra
     `temperature`, and the trainer's logits `[B, L, V]` at those positions."""
     from flax import nnx
 
-    from sgl_jax_rollout.tunix_compat import compute_per_token_logps
+    from sgl_jax_rollout.tunix_compat import per_token_logps_and_logits
 
     pad = rollout.pad_id()
     completions = right_pad_ids(out.tokens, max(1, max(len(t) for t in out.tokens)), pad)
     graphdef, state = nnx.split(trainer)
-    logps, logits = compute_per_token_logps(
+    logps, logits = per_token_logps_and_logits(
         graphdef,
         state,
         np.asarray(out.left_padded_prompt_tokens),
         completions,
-        pad_id=pad,
-        eos_id=rollout.eos_id(),
-        temperature=temperature,
-        return_logits=True,
+        pad,
+        rollout.eos_id(),
+        temperature,
     )
     return np.asarray(logps), np.asarray(logits)
 

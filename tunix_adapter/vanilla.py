@@ -3,9 +3,10 @@
 Owns `VanillaRolloutWithEntropy`: the cluster builds it like any rollout class
 (`rollout_actor`, `tokenizer`, `mesh`, `rollout_config`); `generate` runs tunix's own
 `VanillaRollout.generate`, then scores the sampled tokens once with the rollout model
-(tunix's `compute_per_token_logps`, logits returned): `logprobs` are the tempered logprobs
-that the vanilla sampler drew from (no top-k / top-p there), `entropy` is the raw-distribution
-entropy computed by our sampler module (`sampling.distribution.entropy_of_logits`).
+(tunix's `compute_per_token_logps` and its logits, `tunix_compat.per_token_logps_and_logits`):
+`logprobs` are the tempered logprobs that the vanilla sampler drew from (no top-k / top-p
+there), `entropy` is the raw-distribution entropy computed by our sampler module
+(`sampling.distribution.entropy_of_logits`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from sgl_jax_rollout.tunix_compat import (
     CacheConfig,
     RolloutConfig,
     VanillaRollout,
-    compute_per_token_logps,
+    per_token_logps_and_logits,
 )
 
 
@@ -50,16 +51,14 @@ class VanillaRolloutWithEntropy(VanillaRollout):
         width = max(1, max(len(t) for t in out.tokens))
         completions = right_pad_ids(out.tokens, width, self.pad_id())
         graphdef, state = self._sampler.model_def_and_state()
-        logps, logits = compute_per_token_logps(
+        logps, logits = per_token_logps_and_logits(
             graphdef,
             state,
-            prompt_tokens=jnp.asarray(out.left_padded_prompt_tokens),
-            completion_tokens=jnp.asarray(completions),
-            pad_id=self.pad_id(),
-            eos_id=self.eos_id(),
-            stop_gradient=True,
-            return_logits=True,
-            temperature=rollout_config.temperature or 1.0,
+            jnp.asarray(out.left_padded_prompt_tokens),
+            jnp.asarray(completions),
+            self.pad_id(),
+            self.eos_id(),
+            rollout_config.temperature or 1.0,
         )
         # tunix divides the returned logits by the temperature; the raw entropy needs them back.
         raw = np.asarray(logits, np.float32) * (rollout_config.temperature or 1.0)

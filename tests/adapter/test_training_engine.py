@@ -42,15 +42,14 @@ def greedy_probe(cluster) -> dict:
     for i, t in enumerate(out.tokens):
         completions[i, : len(t)] = t
     graphdef, state = nnx.split(cluster.actor_trainer.model)
-    _, logits = tunix_compat.compute_per_token_logps(
+    _, logits = tunix_compat.per_token_logps_and_logits(
         graphdef,
         state,
         jnp.asarray(out.left_padded_prompt_tokens),
         jnp.asarray(completions),
         pad,
         eos,
-        stop_gradient=True,
-        return_logits=True,
+        1.0,
     )
     argmax = np.asarray(logits).argmax(-1)
     return {

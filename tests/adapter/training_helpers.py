@@ -67,7 +67,12 @@ def check_example(example, config: demo.DemoConfig, pad_id: int) -> None:
         )
         assert example.sampler_is_weights is None
     else:  # the old policy is the trainer's; TIS weights correct the rollout mismatch
-        assert example.old_per_token_logps is None
+        old = example.old_per_token_logps
+        # tunix 0.1.7 leaves the old logprobs to the loss (one iteration: the current policy);
+        # tunix main scores them with the trainer under use_rollout_logps=False
+        if old is not None:
+            old = np.asarray(old)
+            assert old.shape == shape and np.all(np.isfinite(old)) and np.all(old[mask] <= 0)
         weights = np.asarray(example.sampler_is_weights)
         assert weights.shape == shape and np.all(weights[~mask] == 0)
         assert np.all((weights[mask] > 0) & (weights[mask] <= config.tis_cap))
