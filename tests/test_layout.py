@@ -87,6 +87,20 @@ def test_tunix_is_reached_through_tunix_compat_only():
     assert not bad, f"import tunix through sgl_jax_rollout.tunix_compat: {bad}"
 
 
+def test_sgl_jax_is_reached_through_engine_upstream_only():
+    """Every sgl-jax module (`sgl_jax.<...>`) is reached through
+    `sgl_jax_rollout/engine/upstream.py`, tests included; the package name alone is only
+    checked for presence (`engine/availability.py`, the test policy)."""
+    allowed = {ROOT / "sgl_jax_rollout" / "engine" / "upstream.py", Path(__file__).resolve()}
+    bad = {}
+    for package in (*FORBIDDEN, "sgl_jax_rollout_apps", "tpu_configs", "tests"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            hits = [m for m in _hits(imported_modules(path.read_text()), ("sgl_jax",)) if "." in m]
+            if hits and path not in allowed:
+                bad[str(path.relative_to(ROOT))] = hits
+    assert not bad, f"reach sgl-jax through sgl_jax_rollout.engine.upstream: {bad}"
+
+
 @pytest.mark.parametrize("package", sorted(FORBIDDEN))
 def test_package_imports_only_downstream(package):
     bad = {}

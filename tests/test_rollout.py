@@ -345,27 +345,26 @@ def test_fifty_generate_update_cycles_leave_no_state_and_bounded_memory(rollout)
 
 
 def test_patches_match_the_pinned_upstream_and_apply_once():
-    from sgl_jax.srt.managers.scheduler import Scheduler
+    from sgl_jax_rollout.engine import patches, upstream
 
-    from sgl_jax_rollout.engine import patches
-
-    patches.check_upstream()
+    upstream.check()
     patches.apply()
-    before = Scheduler.stream_output
+    scheduler = upstream.get("Scheduler")
+    before = scheduler.stream_output
     patches.apply()
-    assert Scheduler.stream_output is before
+    assert scheduler.stream_output is before
 
 
 def test_every_engine_socket_has_linger_zero():
     """Engine sockets never wait on unsent messages (upstream's LINGER is -1)."""
     import zmq
 
-    from sgl_jax_rollout.engine import patches
+    from sgl_jax_rollout.engine import patches, upstream
 
     patches.apply()
     context = zmq.Context()
     try:
-        for module in patches._socket_modules():
+        for module in map(upstream.module, upstream.SOCKET_MODULES):
             socket = module.get_zmq_socket(context, zmq.PULL, f"inproc://{module.__name__}", True)
             assert socket.getsockopt(zmq.LINGER) == 0, module.__name__
     finally:

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import zmq
 
-from sgl_jax_rollout.engine import patches
+from sgl_jax_rollout.engine import patches, upstream
 from sgl_jax_rollout.engine.availability import require_sgl_jax
 from sgl_jax_rollout.engine.collector import Collector, Completion
 from sgl_jax_rollout.engine.rows import RequestSpec, extra_sampler_configs
@@ -104,12 +104,13 @@ class RolloutEngine:
         self.model_runner = None
         self._weights = None
 
-        patches.apply()
+        server_args = settings.server_args(str(model_path), jax.default_backend())
+        patches.apply(server_args)
         patches.activate(self._hooks, STOP_TIMEOUT_S)
         atexit.register(self.shutdown)
         started = time.perf_counter()
         try:
-            self._start(settings, jax.default_backend())
+            self._start(server_args)
         except BaseException as err:
             reason = self._hooks.ended.result() if self._hooks.ended.done() else None
             self._teardown("the engine failed to start")
@@ -126,24 +127,24 @@ class RolloutEngine:
             settings,
         )
 
-    def _start(self, settings: EngineSettings, backend: str) -> None:
-        from sgl_jax.srt.entrypoints.engine import Engine
-
+    def _start(self, server_args: dict[str, Any]) -> None:
         from sgl_jax_rollout.engine.weights import WeightSwapper
 
+        engine_class = upstream.get("Engine")
+
         # Built in two steps so that a failing __init__ still leaves the object to clean up.
-        engine = Engine.__new__(Engine)
+        engine = engine_class.__new__(engine_class)
         self._engine = engine
         with _signal_handlers_kept():
             try:
-                engine.__init__(**settings.server_args(str(self.model_path), backend))
+                engine.__init__(**server_args)
             finally:
                 # Upstream registers Engine.shutdown, which SIGKILLs every child process.
                 atexit.unregister(engine.shutdown)
         if self._hooks.ended.done():  # a thread failed while the engine started
             raise RuntimeError(self._hooks.ended.result())
-        self._scheduler = engine.scheduler_info["scheduler"]
-        self.model_runner = self._scheduler.tp_worker.worker.model_runner
+        self._scheduler = upstream.scheduler_of(engine)
+        self.model_runner = upstream.model_runner_of(self._scheduler)
         self._weights = WeightSwapper(self.model_runner, self.model_type)
 
     # Generation.
@@ -302,9 +303,7 @@ class RolloutEngine:
     def _submit(self, **fields: Any) -> list[dict]:
         """Sends one batch request; returns its outputs, or raises when the engine ends first
         (shut down from another thread, or stopped by a fault)."""
-        from sgl_jax.srt.managers.io_struct import GenerateReqInput
-
-        obj = GenerateReqInput(**fields)
+        obj = upstream.get("GenerateReqInput")(**fields)
 
         async def run():
             return await self._engine.tokenizer_manager.generate_request(obj, None).__anext__()

@@ -2,8 +2,9 @@
 
 Checked against sgl-project/sglang-jax commit cddbf6f1cc33cbdd453bd8f36ff7051cf46ca176
 (`python/sgl_jax/srt/...`). Each patch is named, wraps (never copies) the upstream function,
-and is applied once per process (`apply`); `check_upstream` fails loudly when an upstream
-name or signature it relies on changes. Overlap scheduling works as upstream runs it: what
+and is applied once per process (`apply`). Every upstream name reaches us through
+`upstream.py`, whose `check` (run by `apply`, at engine start) fails loudly, naming it, when a
+name, parameter or attribute we rely on changes. Overlap scheduling works as upstream runs it: what
 the sampler needs of a request's output (tokens generated, penalty tables) lives on the device
 per request slot (`slot_state.py`), never read from the host's lagging output ids.
 
@@ -98,13 +99,12 @@ import dataclasses
 import faulthandler
 import functools
 import hashlib
-import inspect
 import logging
 import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from typing import Any
 
@@ -114,7 +114,7 @@ import zmq
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from sgl_jax_rollout.engine.availability import PINNED_COMMIT
+from sgl_jax_rollout.engine import upstream
 from sgl_jax_rollout.engine.collector import Collector, StepValues
 from sgl_jax_rollout.engine.dp_attention import per_rank_native_attention
 from sgl_jax_rollout.engine.idle_work import IdleWork
@@ -212,167 +212,41 @@ def _hooks() -> EngineHooks | None:
     return _active
 
 
-# Upstream names and the parameters our wrappers rely on.
-_UPSTREAM = {
-    "ScheduleBatch.get_model_worker_batch": ("self", "token_paddings", "bs_paddings"),
-    "SamplingMetadata.from_model_worker_batch": ("batch", "pad_size", "mesh", "vocab_size"),
-    "Scheduler.process_batch_result": ("self", "batch", "result"),
-    "Scheduler.stream_output": ("self", "reqs", "return_logprob"),
-    "Scheduler.on_idle": ("self",),
-    "Scheduler.__init__": ("self", "server_args", "port_args"),
-    "Scheduler.run_batch": ("self", "batch"),
-    "Scheduler.abort_request": ("self", "recv_req"),
-    "Scheduler.watchdog_thread": ("self",),
-    "DetokenizerManager.handle_batch_token_id_out": ("self", "recv_obj"),
-    "ModelWorker.run_precompile": ("self",),
-    "ModelRunner.sample": ("self", "logits_output", "sampling_metadata"),
-    "ModelWorkerClient.resolve_last_batch_result": ("self", "launch_done"),
-    "ModelRunner.initialize_jit": ("self",),
-    "Llama3RotaryEmbedding.__init__": (
-        "self",
-        "head_size",
-        "rotary_dim",
-        "max_position_embeddings",
-        "base",
-        "scaling_factor",
-    ),
-    "Llama3RotaryEmbedding._compute_inv_freq": ("self", "base"),
-    "Sampler.__call__": ("self", "logits_output", "sampling_metadata", "rng_override"),
-    "NativeAttention.__call__": (
-        "self",
-        "q",
-        "k",
-        "v",
-        "layer",
-        "forward_batch",
-        "token_to_kv_pool",
-    ),
-}
-
-
-def _upstream_objects() -> dict[str, Any]:
-    from sgl_jax.srt.layers.attention.native_backend import NativeAttention
-    from sgl_jax.srt.layers.embeddings import Llama3RotaryEmbedding
-    from sgl_jax.srt.layers.sampler import Sampler
-    from sgl_jax.srt.managers.detokenizer_manager import DetokenizerManager
-    from sgl_jax.srt.managers.schedule_batch import ScheduleBatch
-    from sgl_jax.srt.managers.scheduler import Scheduler
-    from sgl_jax.srt.managers.tp_worker import ModelWorker
-    from sgl_jax.srt.managers.tp_worker_overlap_thread import ModelWorkerClient
-    from sgl_jax.srt.model_executor.model_runner import ModelRunner
-    from sgl_jax.srt.sampling.sampling_batch_info import SamplingMetadata
-
-    return {
-        "ModelRunner": ModelRunner,
-        "ScheduleBatch": ScheduleBatch,
-        "SamplingMetadata": SamplingMetadata,
-        "Scheduler": Scheduler,
-        "Sampler": Sampler,
-        "NativeAttention": NativeAttention,
-        "Llama3RotaryEmbedding": Llama3RotaryEmbedding,
-        "DetokenizerManager": DetokenizerManager,
-        "ModelWorker": ModelWorker,
-        "ModelWorkerClient": ModelWorkerClient,
-    }
-
-
-def check_upstream() -> None:
-    """Raises RuntimeError naming what changed if sgl-jax no longer has the expected shape."""
-    from sgl_jax.srt.layers.logits_processor import LogitsProcessorOutput
-    from sgl_jax.srt.model_executor import model_runner
-
-    from sgl_jax_rollout.engine.sampler_module import (
-        STOCK_METADATA_CHILDREN,
-        STOCK_OUTPUT_CHILDREN,
-    )
-
-    objects = _upstream_objects()
-    problems = []
-    if not hasattr(model_runner, "Sampler"):
-        problems.append("model_runner.Sampler is gone")
-    from sgl_jax.srt.managers import scheduler
-
-    if not hasattr(scheduler, "faulthandler"):
-        problems.append("managers.scheduler no longer uses faulthandler")
-    for module in _socket_modules():
-        if not hasattr(module, "get_zmq_socket"):
-            problems.append(f"{module.__name__} no longer imports get_zmq_socket")
-    for module in _signalling_modules():
-        if not hasattr(module, "psutil"):
-            problems.append(f"{module.__name__} no longer signals through psutil")
-    for name, params in _UPSTREAM.items():
-        owner, attr = name.split(".")
-        fn = getattr(objects[owner], attr, None)
-        if fn is None:
-            problems.append(f"{name} is gone")
-            continue
-        fn = getattr(fn, "__wrapped__", fn)
-        found = list(inspect.signature(fn).parameters)
-        missing = [p for p in params if p not in found]
-        if missing:
-            problems.append(f"{name} lost parameter(s) {missing} (has {found})")
-    stock_output = LogitsProcessorOutput(next_token_logits=None)
-    if len(stock_output.tree_flatten()[0]) != STOCK_OUTPUT_CHILDREN:
-        problems.append("LogitsProcessorOutput no longer has 12 pytree children")
-    fields = [f.name for f in dataclasses.fields(objects["SamplingMetadata"])]
-    if len(fields) != STOCK_METADATA_CHILDREN + 3:
-        problems.append(f"SamplingMetadata fields changed: {fields}")
-    if problems:
-        raise RuntimeError(
-            f"sgl-jax differs from the commit our patches were checked against "
-            f"({PINNED_COMMIT}): " + "; ".join(problems)
-        )
-
-
-def apply() -> None:
-    """Installs every patch once per process (idempotent)."""
+def apply(server_args: Iterable[str] = ()) -> None:
+    """Checks sgl-jax against the names we rely on (`upstream.check`, with the `Engine`
+    keywords `server_args`), then installs every patch once per process (idempotent)."""
     with _APPLY_LOCK:
-        check_upstream()
-        from sgl_jax.srt.model_executor import model_runner
-
+        upstream.check(server_args)
         from sgl_jax_rollout.engine.sampler_module import RolloutSampler
 
-        objects = _upstream_objects()
-        model_runner.Sampler = RolloutSampler
-        from sgl_jax.srt.managers import scheduler
-
+        get = upstream.get
+        upstream.module("model_executor.model_runner").Sampler = RolloutSampler
+        scheduler = upstream.module("managers.scheduler")
         if not isinstance(scheduler.faulthandler, _SchedulerFaultHandler):
             scheduler.faulthandler = _SchedulerFaultHandler()
-        for module in _socket_modules():
-            _wrap(module, "get_zmq_socket", _engine_socket)
-        for module in _signalling_modules():
+        for path in upstream.SOCKET_MODULES:
+            _wrap(upstream.module(path), "get_zmq_socket", _engine_socket)
+        for path in upstream.SIGNALLING_MODULES:
+            module = upstream.module(path)
             if not isinstance(module.psutil, _ContainedPsutil):
                 module.psutil = _ContainedPsutil()
-        _wrap(objects["Scheduler"], "__init__", _scheduler_of_engine)
-        _wrap(objects["Scheduler"], "run_batch", _step_guard)
-        _wrap(objects["Scheduler"], "watchdog_thread", _watchdog)
-        _wrap(objects["ModelRunner"], "initialize_jit", _typed_sampler_key)
-        _wrap(objects["ScheduleBatch"], "get_model_worker_batch", _worker_batch_rows)
+        _wrap(get("Scheduler"), "__init__", _scheduler_of_engine)
+        _wrap(get("Scheduler"), "run_batch", _step_guard)
+        _wrap(get("Scheduler"), "watchdog_thread", _watchdog)
+        _wrap(get("ModelRunner"), "initialize_jit", _typed_sampler_key)
+        _wrap(get("ScheduleBatch"), "get_model_worker_batch", _worker_batch_rows)
         _wrap_classmethod(
-            objects["SamplingMetadata"], "from_model_worker_batch", _sampling_metadata_rows
+            get("SamplingMetadata"), "from_model_worker_batch", _sampling_metadata_rows
         )
-        _wrap(objects["Scheduler"], "process_batch_result", _step_values)
-        _wrap(objects["Scheduler"], "stream_output", _record_before_stream)
-        _wrap(objects["Scheduler"], "on_idle", _idle_wait_and_stop)
-        _wrap(objects["NativeAttention"], "__call__", per_rank_native_attention)
-        _wrap(objects["Llama3RotaryEmbedding"], "__init__", _llama3_scaled_frequencies)
-        _wrap(objects["DetokenizerManager"], "handle_batch_token_id_out", _forget_finished_decodes)
-        _wrap(objects["ModelWorker"], "run_precompile", _precompiling)
-        _wrap(objects["ModelRunner"], "sample", _sample_with_slot_state)
-        _wrap(objects["ModelWorkerClient"], "resolve_last_batch_result", _overlapped_step_values)
-
-
-def _socket_modules() -> list[Any]:
-    from sgl_jax.srt.entrypoints import engine
-    from sgl_jax.srt.managers import detokenizer_manager, scheduler, tokenizer_manager
-
-    return [engine, scheduler, tokenizer_manager, detokenizer_manager]
-
-
-def _signalling_modules() -> list[Any]:
-    from sgl_jax.srt.managers import detokenizer_manager, scheduler, tp_worker
-
-    return [scheduler, detokenizer_manager, tp_worker]
+        _wrap(get("Scheduler"), "process_batch_result", _step_values)
+        _wrap(get("Scheduler"), "stream_output", _record_before_stream)
+        _wrap(get("Scheduler"), "on_idle", _idle_wait_and_stop)
+        _wrap(get("NativeAttention"), "__call__", per_rank_native_attention)
+        _wrap(get("Llama3RotaryEmbedding"), "__init__", _llama3_scaled_frequencies)
+        _wrap(get("DetokenizerManager"), "handle_batch_token_id_out", _forget_finished_decodes)
+        _wrap(get("ModelWorker"), "run_precompile", _precompiling)
+        _wrap(get("ModelRunner"), "sample", _sample_with_slot_state)
+        _wrap(get("ModelWorkerClient"), "resolve_last_batch_result", _overlapped_step_values)
 
 
 def _wrap(owner: Any, name: str, wrapper) -> None:
@@ -490,8 +364,7 @@ def _requests_by_row(batch: Any) -> list[Any]:
 
 def _fallback_spec(req: Any) -> RequestSpec:
     """Settings for a request we did not submit (sgl-jax's own warm-up, direct engine users)."""
-    from sgl_jax.srt.sampling.sampling_params import TOP_K_ALL
-
+    top_k_all = upstream.get("TOP_K_ALL")
     p = req.sampling_params
     seed = p.sampling_seed
     if seed is None:
@@ -499,7 +372,7 @@ def _fallback_spec(req: Any) -> RequestSpec:
     try:
         options = SamplingOptions(
             temperature=float(p.temperature),
-            top_k=-1 if p.top_k >= TOP_K_ALL else int(p.top_k),
+            top_k=-1 if p.top_k >= top_k_all else int(p.top_k),
             top_p=float(p.top_p),
             min_p=float(p.min_p),
             seed=seed,
@@ -527,10 +400,7 @@ def _with_rows(
     """Stock `SamplingMetadata` children plus our rows placed on the mesh (one transfer of
     `PackedRows`), `config` as aux; the step's request ids as a plain attribute (for
     `sample_with_slot_state`, which sees the object before jit)."""
-    from sgl_jax_rollout.engine.sampler_module import (
-        STOCK_METADATA_CHILDREN,
-        RolloutSamplingMetadata,
-    )
+    from sgl_jax_rollout.engine.sampler_module import RolloutSamplingMetadata
 
     packed = pack_rows(host_rows, slots)
     device_rows = jax.device_put(packed, NamedSharding(mesh, P("data", None)))
@@ -538,7 +408,7 @@ def _with_rows(
     aux = {k: v for k, v in aux.items() if k != "rollout_config"}
     metadata = RolloutSamplingMetadata.tree_unflatten(
         {**aux, "rollout_config": config},
-        (*children[:STOCK_METADATA_CHILDREN], device_rows, None),
+        (*children[: upstream.STOCK_METADATA_CHILDREN], device_rows, None),
     )
     metadata.rollout_rids = rids
     return metadata
@@ -753,9 +623,7 @@ def _batch_requests(batch: Any) -> list[Any]:
 def _fail_requests(scheduler: Any, reqs: list[Any], hooks: EngineHooks, stage: str, err) -> None:
     """Ends `reqs` with an abort whose message names the failure (upstream's own abort path:
     queues, chunked prefill, cache release); their callers get that message."""
-    from sgl_jax.srt.managers.io_struct import AbortReq
-    from sgl_jax.srt.managers.schedule_batch import FINISH_ABORT
-
+    abort_req, finish_abort = upstream.get("AbortReq"), upstream.get("FINISH_ABORT")
     message = f"{stage} failed: {type(err).__name__}: {err}"
     logger.error(
         "%s; failing its %d request(s), the engine goes on", message, len(reqs), exc_info=err
@@ -764,8 +632,8 @@ def _fail_requests(scheduler: Any, reqs: list[Any], hooks: EngineHooks, stage: s
     for req in reqs:
         if req.finished():
             continue
-        scheduler.abort_request(AbortReq(rid=req.rid))
-        req.to_finish = FINISH_ABORT(message)
+        scheduler.abort_request(abort_req(rid=req.rid))
+        req.to_finish = finish_abort(message)
 
 
 def _watchdog(original, self):

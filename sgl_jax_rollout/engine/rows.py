@@ -4,11 +4,10 @@ Owns `RequestSpec` (what one engine request asks of our sampler: its `SamplingOp
 seed, the stop ids that `min_new_tokens` holds back), the static `SamplerConfig` of a batch or
 of a listed mode (`sampler_config`, `mode_config`, `extra_sampler_configs`), and `build_rows`,
 which turns the requests of one engine batch into a host-side `SamplingBatch` padded to the
-engine's batch bucket. Token-id arrays are padded to power-of-two widths so a batch with
-penalties compiles once per width bucket, never per prompt length. `PackedRows` carries a
-`SamplingBatch` and each row's request slot as three arrays (plus the id tables) so a step
-moves its rows to the device in one transfer of few arrays (`pack_rows`; `unpack_rows` and
-`slot_columns` slice them back, inside jit).
+engine's batch bucket (through the sampler's one builder, `sampling.batch.build_batch`).
+`PackedRows` carries a `SamplingBatch` and each row's request slot as three arrays (plus the id
+tables) so a step moves its rows to the device in one transfer of few arrays (`pack_rows`;
+`unpack_rows` and `slot_columns` slice them back, inside jit).
 
 Slots (`engine.slot_state`): a row names the request slot (upstream's `req_pool_idx`) whose
 device state it reads and advances. A row that joins (every row of an extend batch, and
@@ -27,15 +26,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from sgl_jax_rollout.sampling.batch import (
-    SamplerConfig,
-    SamplingBatch,
-    base_keys,
-    token_id_table,
-)
+from sgl_jax_rollout.sampling.batch import SamplerConfig, SamplingBatch, build_batch
 from sgl_jax_rollout.sampling.options import SamplingOptions
 
-MIN_TOKEN_WIDTH = 64
 FLOAT_COLUMNS = (
     "temperature",
     "top_p",
@@ -47,7 +40,6 @@ FLOAT_COLUMNS = (
 INT_COLUMNS = ("top_k", "min_new_tokens", "num_generated")
 SLOT_COLUMNS = ("slot", "join")  # stored after INT_COLUMNS in `PackedRows.ints`
 NO_SLOT = -1
-MIN_STOP_WIDTH = 8
 # The `SamplingOptions` fields that choose the sampler's static config (with penalties on/off).
 MODE_FIELDS = (
     "logprobs_mode",
@@ -84,14 +76,6 @@ class RequestSpec:
 
     def mode(self) -> tuple:
         return tuple(getattr(self.options, name) for name in MODE_FIELDS)
-
-
-def bucket(length: int, minimum: int) -> int:
-    """Smallest power of two >= length and >= minimum."""
-    width = minimum
-    while width < length:
-        width *= 2
-    return width
 
 
 def sampler_config(specs: Sequence[RequestSpec], valid_vocab_size: int | None) -> SamplerConfig:
@@ -149,51 +133,18 @@ def build_rows(
     padded_rows: int,
     config: SamplerConfig,
 ) -> SamplingBatch:
-    """Host arrays for one step: row i serves `specs[i]`; None rows (the padding between dp
-    ranks' sections) and rows past the specs are greedy padding. Rows that read their slot's
-    state (decode) pass empty prompt and output ids.
-
-    `keys` hold each row's base key (`base_keys`); the sampler folds in the number of tokens
-    generated so far, so a seeded request draws the same tokens in any batch.
-    """
-    rows = len(specs)
-    if rows > padded_rows:
-        raise ValueError(f"{rows} requests do not fit in a batch padded to {padded_rows}")
-    pad = padded_rows - rows
-
-    opts = [None if s is None else s.options for s in specs]
-
-    def column(field, dtype, fill):
-        values = [fill if o is None else getattr(o, field) for o in opts]
-        return np.asarray(values + [fill] * pad, dtype)
-
-    batch = SamplingBatch(
-        temperature=column("temperature", np.float32, 0.0),
-        top_k=column("top_k", np.int32, -1),
-        top_p=column("top_p", np.float32, 1.0),
-        min_p=column("min_p", np.float32, 0.0),
-        repetition_penalty=column("repetition_penalty", np.float32, 1.0),
-        frequency_penalty=column("frequency_penalty", np.float32, 0.0),
-        presence_penalty=column("presence_penalty", np.float32, 0.0),
-        min_new_tokens=column("min_new_tokens", np.int32, 0),
-        num_generated=np.asarray([len(x) for x in output_ids] + [0] * pad, np.int32),
-        keys=base_keys([0 if o is None else o.seed for o in opts] + [0] * pad),
+    """Host arrays for one step (`build_batch`): row i serves `specs[i]`; None rows (the
+    padding between dp ranks' sections) and rows past the specs are greedy padding. Rows that
+    read their slot's state (decode) pass empty prompt and output ids. Id tables only when
+    the config has penalties."""
+    return build_batch(
+        [None if s is None else s.options for s in specs],
+        stop_ids=[() if s is None else s.stop_ids for s in specs],
+        prompt_ids=prompt_ids,
+        output_ids=output_ids,
+        padded_rows=padded_rows,
+        tables=config.penalties,
     )
-    if not config.penalties:
-        return batch
-    return dataclasses.replace(
-        batch,
-        prompt_ids=_padded(prompt_ids, padded_rows, MIN_TOKEN_WIDTH),
-        output_ids=_padded(output_ids, padded_rows, MIN_TOKEN_WIDTH),
-        stop_token_ids=_padded(
-            [() if s is None else s.stop_ids for s in specs], padded_rows, MIN_STOP_WIDTH
-        ),
-    )
-
-
-def _padded(rows: Sequence[Sequence[int]], padded_rows: int, minimum: int) -> np.ndarray:
-    width = bucket(max([0, *(len(r) for r in rows)]), minimum)
-    return token_id_table(rows, width, padded_rows)
 
 
 def slot_table(slots: Sequence[int | None], joining: bool, padded_rows: int) -> np.ndarray:

@@ -11,7 +11,8 @@ Owns:
   stock class would be dropped at the jit boundary, hence a registered subclass.
 - `RolloutSampler`: the module the runner builds in place of `Sampler` (see patches.py).
 
-Only imported once sgl_jax is importable. The sampling math lives in `sgl_jax_rollout.sampling`.
+Only imported once sgl_jax is importable (its classes come from `upstream.py`). The sampling
+math lives in `sgl_jax_rollout.sampling`.
 """
 
 from __future__ import annotations
@@ -24,17 +25,17 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from jax.tree_util import register_pytree_node_class
-from sgl_jax.srt.layers.logits_processor import LogitsProcessorOutput
-from sgl_jax.srt.sampling.sampling_batch_info import SamplingMetadata
 
-from sgl_jax_rollout.engine import slot_state
+from sgl_jax_rollout.engine import slot_state, upstream
 from sgl_jax_rollout.engine.rows import PackedRows, slot_columns, unpack_rows
 from sgl_jax_rollout.engine.slot_state import SlotState
-from sgl_jax_rollout.sampling.batch import SamplerConfig, SamplerOutput, step_keys
+from sgl_jax_rollout.sampling.batch import SamplerConfig, SamplerOutput
 from sgl_jax_rollout.sampling.sampler import sample
 
-STOCK_METADATA_CHILDREN = 12
-STOCK_OUTPUT_CHILDREN = 12
+LogitsProcessorOutput = upstream.get("LogitsProcessorOutput")
+SamplingMetadata = upstream.get("SamplingMetadata")
+STOCK_METADATA_CHILDREN = upstream.STOCK_METADATA_CHILDREN
+STOCK_OUTPUT_CHILDREN = upstream.STOCK_OUTPUT_CHILDREN
 
 
 @register_pytree_node_class
@@ -160,7 +161,6 @@ class RolloutSampler(nnx.Module):
         def step(logits, packed, state):
             slot, join = slot_columns(packed)
             batch = slot_state.joined(state, unpack_rows(packed), slot, join)
-            batch = dataclasses.replace(batch, keys=step_keys(batch.keys, batch.num_generated))
             out = sample(logits, batch, config=config)
             return out, slot_state.advanced(state, batch, slot, out.tokens)
 

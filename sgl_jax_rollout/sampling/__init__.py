@@ -12,7 +12,6 @@ from sgl_jax_rollout.sampling.batch import (
     SamplingBatch,
     config_for,
     make_batch,
-    pad_token_ids,
     row_key,
 )
 from sgl_jax_rollout.sampling.options import SamplingOptions
@@ -26,7 +25,6 @@ __all__ = [
     "SamplingOptions",
     "config_for",
     "make_batch",
-    "pad_token_ids",
     "row_key",
     "sample",
 ]

@@ -4,7 +4,9 @@ Owns three types:
 - `SamplerConfig`: the static modes (hashable; one compile per config, batch bucket and vocab).
 - `SamplingBatch`: per-row settings as arrays, so changing them never recompiles.
 - `SamplerOutput`: next tokens and, per config, their logprob, entropy and top logprobs.
-and `make_batch`, which turns per-row `SamplingOptions` into a `SamplingBatch`.
+and `build_batch`, the one builder of a `SamplingBatch` from per-row `SamplingOptions` (host
+arrays; the engine's rows and `make_batch`, its device form for direct use, both call it).
+Keys: a batch carries each row's base key, and the sampler folds in the row's generated count.
 
 Must not import tunix or sgl_jax.
 """
@@ -28,6 +30,9 @@ DEFAULT_CANDIDATES = 64
 # shapes and streams): a row draws one uniform per step, so the implementation costs nothing
 # measurable, and a seed gives the same tokens on every platform and setting.
 KEY_IMPL = "threefry2x32"
+# Narrowest token-id tables (power-of-two widths above these).
+MIN_TOKEN_WIDTH = 64
+MIN_STOP_WIDTH = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,9 +100,10 @@ class SamplingBatch:
     """Per-row settings of one sampler call; every field has the batch as first axis.
 
     top_k <= 0 disables top-k; temperature 0 marks a greedy row. `keys` are raw `KEY_IMPL` key
-    data, one key per row. Token-id arrays are padded with `NO_TOKEN`; they may be None when
-    the config has `penalties=False`. `seen` / `output_counts` (`penalties.occurrence_tables`)
-    replace `prompt_ids` / `output_ids` for penalties when set.
+    data, each row's base key: its draw uses `step_keys(keys, num_generated)`. Token-id arrays
+    are padded with `NO_TOKEN`; they may be None when the config has `penalties=False`. `seen` /
+    `output_counts` (`penalties.occurrence_tables`) replace `prompt_ids` / `output_ids` for
+    penalties when set.
     """
 
     temperature: Float[Array, " batch"]
@@ -187,6 +193,72 @@ def config_for(options: Sequence[SamplingOptions], **static: object) -> SamplerC
     )
 
 
+def build_batch(
+    options: Sequence[SamplingOptions | None],
+    *,
+    stop_ids: Sequence[Sequence[int]] | None = None,
+    prompt_ids: Sequence[Sequence[int]] | None = None,
+    output_ids: Sequence[Sequence[int]] | None = None,
+    keys: np.ndarray | None = None,
+    padded_rows: int | None = None,
+    tables: bool = True,
+) -> SamplingBatch:
+    """The one builder of a `SamplingBatch`, as host (numpy) arrays.
+
+    Row i serves `options[i]`; None rows and rows past `options` up to `padded_rows` are
+    greedy padding. `num_generated` is the length of each row's output ids. `keys` are each
+    row's base key (`base_keys`: a seeded row's from its seed; a row without a seed needs
+    `keys[i]`); the sampler folds `num_generated` into it, so a seeded row draws the same
+    tokens in any batch. With `tables`, prompt, output and stop ids are padded with `NO_TOKEN`
+    to power-of-two widths (at least `MIN_TOKEN_WIDTH` / `MIN_STOP_WIDTH`): a batch with
+    penalties compiles once per width bucket, never per prompt length.
+    """
+    rows = len(options)
+    size = rows if padded_rows is None else padded_rows
+    if rows > size:
+        raise ValueError(f"{rows} rows do not fit in a batch padded to {size}")
+    pad = size - rows
+    stops = stop_ids or [()] * rows
+    prompts = prompt_ids or [()] * rows
+    outputs = output_ids or [()] * rows
+    given = None if keys is None else np.asarray(keys, np.uint32)
+    if given is not None and given.shape != (rows, 2):
+        raise ValueError(f"keys must have shape ({rows}, 2), got {given.shape}")
+    for i, o in enumerate(options):
+        if o is not None and o.seed is None and given is None:
+            raise ValueError(f"row {i} has no seed and no key was given")
+    seeds = [0 if o is None or o.seed is None else o.seed for o in options]
+    key_data = base_keys(seeds + [0] * pad)
+    if given is not None:
+        unseeded = [i for i, o in enumerate(options) if o is not None and o.seed is None]
+        key_data[unseeded] = given[unseeded]
+
+    def column(field, dtype, fill):
+        values = [fill if o is None else getattr(o, field) for o in options]
+        return np.asarray(values + [fill] * pad, dtype)
+
+    batch = SamplingBatch(
+        temperature=column("temperature", np.float32, 0.0),
+        top_k=column("top_k", np.int32, -1),
+        top_p=column("top_p", np.float32, 1.0),
+        min_p=column("min_p", np.float32, 0.0),
+        repetition_penalty=column("repetition_penalty", np.float32, 1.0),
+        frequency_penalty=column("frequency_penalty", np.float32, 0.0),
+        presence_penalty=column("presence_penalty", np.float32, 0.0),
+        min_new_tokens=column("min_new_tokens", np.int32, 0),
+        num_generated=np.asarray([len(x) for x in outputs] + [0] * pad, np.int32),
+        keys=key_data,
+    )
+    if not tables:
+        return batch
+    return dataclasses.replace(
+        batch,
+        prompt_ids=_bucketed(prompts, size, MIN_TOKEN_WIDTH),
+        output_ids=_bucketed(outputs, size, MIN_TOKEN_WIDTH),
+        stop_token_ids=_bucketed(stops, size, MIN_STOP_WIDTH),
+    )
+
+
 def make_batch(
     options: Sequence[SamplingOptions],
     *,
@@ -195,51 +267,34 @@ def make_batch(
     prompt_ids: Sequence[Sequence[int]] | None = None,
     output_ids: Sequence[Sequence[int]] | None = None,
     eos_token_ids: Sequence[int] = (),
-    step: int = 0,
 ) -> SamplingBatch:
-    """Builds a batch from per-row options (validated against `vocab_size`).
-
-    Rows without a seed need `keys`; seeded rows derive theirs from (seed, step). Stop ids
-    for min_new_tokens are each row's `stop_token_ids` plus `eos_token_ids` unless ignore_eos.
-    """
+    """A device batch from per-row options (validated against `vocab_size`): `build_batch`
+    with each row's stop ids for min_new_tokens, its `stop_token_ids` plus `eos_token_ids`
+    unless ignore_eos. Rows without a seed need `keys` (base keys, as `build_batch`)."""
     if not options:
         raise ValueError("options must hold at least one row")
     for o in options:
         o.validate_for_vocab(vocab_size)
-    rows = len(options)
-    key_data = np.zeros((rows, 2), np.uint32) if keys is None else np.asarray(keys, np.uint32)
-    if key_data.shape != (rows, 2):
-        raise ValueError(f"keys must have shape ({rows}, 2), got {key_data.shape}")
-    for i, o in enumerate(options):
-        if o.seed is not None:
-            key_data[i] = row_key(o.seed, step)
-        elif keys is None:
-            raise ValueError(f"row {i} has no seed and no key was given")
-    outputs = output_ids or [[] for _ in options]
     stops = [
         list(o.stop_token_ids) + ([] if o.ignore_eos else list(eos_token_ids)) for o in options
     ]
-    return SamplingBatch(
-        temperature=jnp.asarray([o.temperature for o in options], jnp.float32),
-        top_k=jnp.asarray([o.top_k for o in options], jnp.int32),
-        top_p=jnp.asarray([o.top_p for o in options], jnp.float32),
-        min_p=jnp.asarray([o.min_p for o in options], jnp.float32),
-        repetition_penalty=jnp.asarray([o.repetition_penalty for o in options], jnp.float32),
-        frequency_penalty=jnp.asarray([o.frequency_penalty for o in options], jnp.float32),
-        presence_penalty=jnp.asarray([o.presence_penalty for o in options], jnp.float32),
-        min_new_tokens=jnp.asarray([o.min_new_tokens for o in options], jnp.int32),
-        num_generated=jnp.asarray([len(x) for x in outputs], jnp.int32),
-        keys=jnp.asarray(key_data),
-        prompt_ids=pad_token_ids(prompt_ids or [[] for _ in options]),
-        output_ids=pad_token_ids(outputs),
-        stop_token_ids=pad_token_ids(stops),
+    host = build_batch(
+        options, stop_ids=stops, prompt_ids=prompt_ids, output_ids=output_ids, keys=keys
     )
+    return jax.tree.map(jnp.asarray, host)
 
 
-def pad_token_ids(rows: Sequence[Sequence[int]], length: int | None = None) -> jax.Array:
-    """Right-pads ragged token-id rows with `NO_TOKEN` to `length` (default: longest, >= 1)."""
-    width = max([1, *(len(r) for r in rows)]) if length is None else length
-    return jnp.asarray(token_id_table(rows, width))
+def bucket(length: int, minimum: int) -> int:
+    """Smallest power of two >= length and >= minimum."""
+    width = minimum
+    while width < length:
+        width *= 2
+    return width
+
+
+def _bucketed(rows: Sequence[Sequence[int]], num_rows: int, minimum: int) -> np.ndarray:
+    width = bucket(max([0, *(len(r) for r in rows)]), minimum)
+    return token_id_table(rows, width, num_rows)
 
 
 def token_id_table(

@@ -11,7 +11,8 @@ row of the batch, with that row's own settings:
    penalised, untempered one, and its token is the argmax).
 4. Truncation on `t` (`truncation`): top-k, then top-p on the renormalised top-k set, then
    min-p, each expressed as a threshold; the kept set is `t >= threshold`.
-5. Draw (`draw`): one uniform from the row's key, inverse CDF over the kept set
+5. Draw (`draw`): one uniform from the row's key folded with its generated count (so a
+   seeded row draws the same tokens in any batch), inverse CDF over the kept set
    (renormalised), from the candidates when the kept set fits in them, else over the vocab.
 
 Outputs for the sampled token, in the same pass:
@@ -44,7 +45,7 @@ import jax.numpy as jnp
 from jax import lax
 from jaxtyping import Array, Bool, Float, Int
 
-from sgl_jax_rollout.sampling.batch import SamplerConfig, SamplerOutput, SamplingBatch
+from sgl_jax_rollout.sampling.batch import SamplerConfig, SamplerOutput, SamplingBatch, step_keys
 from sgl_jax_rollout.sampling.draw import draw_from_vocab, inverse_cdf, row_uniforms
 from sgl_jax_rollout.sampling.outputs import gather, take
 from sgl_jax_rollout.sampling.penalties import apply_penalties
@@ -153,7 +154,7 @@ def draw(
     rows = z.shape[0]
     zeros = jnp.zeros((rows,), jnp.float32)
     top = cand.top
-    uniform = row_uniforms(batch.keys)
+    uniform = row_uniforms(step_keys(batch.keys, batch.num_generated))
     from_candidates = bounded & ~greedy
     cand_weights = jnp.where(
         cand.values >= threshold[:, None], jnp.exp(cand.values - top[:, None]), 0.0

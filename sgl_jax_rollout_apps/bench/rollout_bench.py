@@ -54,6 +54,7 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
+from sgl_jax_rollout.engine.availability import require_sgl_jax
 from sgl_jax_rollout.utils.compiles import count_compiles
 from sgl_jax_rollout_apps.bench.workloads import WORKLOADS, prompts
 
@@ -365,7 +366,7 @@ def _subprocess(
     """Runs `sgl_jax_rollout_apps.bench.<module>` on stock sgl-jax in a subprocess (our engine
     patches are process-wide) and returns its JSON; {} without sgl-jax."""
     try:
-        import sgl_jax  # noqa: F401
+        require_sgl_jax()
     except ImportError:
         return {}
     cmd = [

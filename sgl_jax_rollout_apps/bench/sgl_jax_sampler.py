@@ -21,9 +21,12 @@ import numpy as np
 from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
-from sgl_jax.srt.layers.logits_processor import LogitsProcessorOutput
-from sgl_jax.srt.layers.sampler import Sampler
-from sgl_jax.srt.sampling.sampling_batch_info import SamplingMetadata
+
+from sgl_jax_rollout.engine import upstream
+
+LogitsProcessorOutput = upstream.get("LogitsProcessorOutput")
+Sampler = upstream.get("Sampler")
+SamplingMetadata = upstream.get("SamplingMetadata")
 
 
 def make_sgl_jax_step(

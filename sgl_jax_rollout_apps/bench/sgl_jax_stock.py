@@ -27,10 +27,10 @@ def main(
     model_dir: str, settings_json: str, runs: int, overlap: bool, workloads: dict | None = None
 ) -> dict:
     import jax
-    from sgl_jax.srt.entrypoints.engine import Engine
     from transformers import AutoTokenizer
 
     from sgl_jax_rollout import rollout_inputs as inputs
+    from sgl_jax_rollout.engine import upstream
     from sgl_jax_rollout.engine.profiling import time_jitted_calls
     from sgl_jax_rollout.engine.settings import EngineSettings
     from sgl_jax_rollout_apps.bench.workloads import WORKLOADS, prompts
@@ -39,7 +39,7 @@ def main(
     args = settings.server_args(model_dir, jax.default_backend())
     args["disable_overlap_schedule"] = not overlap
     args["enable_engine_loop_run_forever_daemon"] = False  # stock `generate` runs the loop
-    engine = Engine(**args)
+    engine = upstream.get("Engine")(**args)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     bos = inputs.bos_prefix(tokenizer.bos_token_id)
     result = {}
@@ -66,7 +66,7 @@ def main(
             rates.append(count * new_tokens / (time.perf_counter() - start))
         result[name] = {"tokens_per_s": statistics.median(rates)}
         if not overlap:
-            runner = engine.scheduler_info["scheduler"].tp_worker.worker.model_runner
+            runner = upstream.model_runner_of(upstream.scheduler_of(engine))
             with time_jitted_calls(runner) as times:
                 start = time.perf_counter()
                 call()

@@ -10,16 +10,14 @@ import numpy as np
 import pytest
 
 from sgl_jax_rollout.engine.rows import (
-    MIN_TOKEN_WIDTH,
     RequestSpec,
-    bucket,
     build_rows,
     extra_sampler_configs,
     pack_rows,
     sampler_config,
     unpack_rows,
 )
-from sgl_jax_rollout.sampling.batch import NO_TOKEN, row_key, step_keys
+from sgl_jax_rollout.sampling.batch import MIN_TOKEN_WIDTH, NO_TOKEN, bucket, row_key, step_keys
 from sgl_jax_rollout.sampling.options import SamplingOptions
 
 
@@ -156,3 +154,25 @@ def test_packed_rows_unpack_to_the_same_batch_on_host_and_in_jit(penalties):
                 continue
             assert np.asarray(got).dtype == want.dtype, field.name
             np.testing.assert_array_equal(np.asarray(got), want, err_msg=field.name)
+
+
+def test_engine_rows_and_make_batch_build_the_same_batch():
+    """One builder, one key convention: the engine's rows for seeded requests equal the
+    device batch `make_batch` gives for the same options, ids and stop ids, padding aside."""
+    from sgl_jax_rollout.sampling import make_batch
+
+    options = [
+        SamplingOptions(seed=3, temperature=0.7, repetition_penalty=1.3, min_new_tokens=2),
+        SamplingOptions(seed=2**40 + 1, top_k=5, presence_penalty=0.5),
+    ]
+    specs = [RequestSpec(o, stop_ids=(7,)) for o in options]
+    prompts, outputs = [[1, 2, 3], [4]], [[5], [6, 8]]
+    rows = build_rows(specs, prompts, outputs, 2, sampler_config(specs, None))
+    batch = make_batch(
+        options, vocab_size=100, prompt_ids=prompts, output_ids=outputs, eos_token_ids=(7,)
+    )
+    for field in dataclasses.fields(batch):
+        ours, theirs = getattr(rows, field.name), getattr(batch, field.name)
+        assert (ours is None) == (theirs is None), field.name
+        if ours is not None:
+            np.testing.assert_array_equal(ours, np.asarray(theirs), err_msg=field.name)

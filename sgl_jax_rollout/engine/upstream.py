@@ -1,0 +1,312 @@
+"""The one seam to sgl-jax: every upstream name we call, read or wrap, resolved and checked here.
+
+Checked against sgl-project/sglang-jax commit `availability.PINNED_COMMIT` (cddbf6f1),
+`python/sgl_jax/srt/`, the file of each name given below. No other module of this project
+imports `sgl_jax`: they ask `get(name)` for a symbol and `module(path)` for a module whose
+globals a patch replaces (tests/test_layout.py enforces it).
+
+`check()` runs at engine start (`patches.apply`, before the engine is built) and raises one
+RuntimeError naming everything that moved: a symbol that is gone, a wrapped or called
+function that lost a parameter we pass, a module global a patch replaces, an attribute we read
+on an upstream object (looked up on the class and in the assignments of its source, over its
+MRO: instance attributes exist only once built), a keyword `EngineSettings.server_args` passes
+that `ServerArgs` lacks, and the pytree layouts our subclasses extend. A release of sgl-jax is
+then a diff of this file, and a moved attribute fails at start with its name, never mid-run.
+
+Must not import the trainer side or tunix.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import functools
+import importlib
+import inspect
+import textwrap
+from collections.abc import Iterable
+from typing import Any
+
+from sgl_jax_rollout.engine.availability import PINNED_COMMIT
+
+ROOT = "sgl_jax.srt"
+
+# Our name -> (module under sgl_jax.srt, attribute). Classes first, then functions and values.
+SYMBOLS: dict[str, tuple[str, str]] = {
+    "Engine": ("entrypoints.engine", "Engine"),
+    "ServerArgs": ("server_args", "ServerArgs"),
+    "PortArgs": ("server_args", "PortArgs"),
+    "TokenizerManager": ("managers.tokenizer_manager", "TokenizerManager"),
+    "Scheduler": ("managers.scheduler", "Scheduler"),
+    "DetokenizerManager": ("managers.detokenizer_manager", "DetokenizerManager"),
+    "ModelWorker": ("managers.tp_worker", "ModelWorker"),
+    "ModelWorkerClient": ("managers.tp_worker_overlap_thread", "ModelWorkerClient"),
+    "ModelRunner": ("model_executor.model_runner", "ModelRunner"),
+    "Req": ("managers.schedule_batch", "Req"),
+    "ScheduleBatch": ("managers.schedule_batch", "ScheduleBatch"),
+    "ModelWorkerBatch": ("managers.schedule_batch", "ModelWorkerBatch"),
+    "SamplingBatchInfo": ("sampling.sampling_batch_info", "SamplingBatchInfo"),
+    "SamplingMetadata": ("sampling.sampling_batch_info", "SamplingMetadata"),
+    "SamplingParams": ("sampling.sampling_params", "SamplingParams"),
+    "LogitsProcessorOutput": ("layers.logits_processor", "LogitsProcessorOutput"),
+    "Sampler": ("layers.sampler", "Sampler"),
+    "ForwardBatch": ("model_executor.forward_batch_info", "ForwardBatch"),
+    "ForwardMode": ("model_executor.forward_batch_info", "ForwardMode"),
+    "RadixAttention": ("layers.radix_attention", "RadixAttention"),
+    "AttentionType": ("layers.radix_attention", "AttentionType"),
+    "NativeAttention": ("layers.attention.native_backend", "NativeAttention"),
+    "MHATokenToKVPool": ("mem_cache.memory_pool", "MHATokenToKVPool"),
+    "ReqToTokenPool": ("mem_cache.memory_pool", "ReqToTokenPool"),
+    "Llama3RotaryEmbedding": ("layers.embeddings", "Llama3RotaryEmbedding"),
+    "GenerateReqInput": ("managers.io_struct", "GenerateReqInput"),
+    "AbortReq": ("managers.io_struct", "AbortReq"),
+    "BatchTokenIDOut": ("managers.io_struct", "BatchTokenIDOut"),
+    "FINISH_ABORT": ("managers.schedule_batch", "FINISH_ABORT"),
+    "TOP_K_ALL": ("sampling.sampling_params", "TOP_K_ALL"),
+    "forward_attention": ("layers.attention.native_backend", "forward_attention"),
+    "merge_kv": ("mem_cache.memory_pool", "merge_kv"),
+}
+
+# Functions we wrap or call, and the parameters we pass or rely on ("Class.method" or a symbol).
+FUNCTIONS: dict[str, tuple[str, ...]] = {
+    # wrapped (patches.py)
+    "ScheduleBatch.get_model_worker_batch": ("self", "token_paddings", "bs_paddings"),
+    "SamplingMetadata.from_model_worker_batch": ("batch", "pad_size", "mesh", "vocab_size"),
+    "Scheduler.process_batch_result": ("self", "batch", "result"),
+    "Scheduler.stream_output": ("self", "reqs", "return_logprob"),
+    "Scheduler.on_idle": ("self",),
+    "Scheduler.__init__": ("self", "server_args", "port_args"),
+    "Scheduler.run_batch": ("self", "batch"),
+    "Scheduler.watchdog_thread": ("self",),
+    "DetokenizerManager.handle_batch_token_id_out": ("self", "recv_obj"),
+    "ModelWorker.run_precompile": ("self",),
+    "ModelRunner.sample": ("self", "logits_output", "sampling_metadata"),
+    "ModelRunner.initialize_jit": ("self",),
+    "ModelWorkerClient.resolve_last_batch_result": ("self", "launch_done"),
+    "Llama3RotaryEmbedding.__init__": (
+        *("self", "head_size", "rotary_dim", "max_position_embeddings", "base"),
+        "scaling_factor",
+    ),
+    "NativeAttention.__call__": (
+        *("self", "q", "k", "v", "layer", "forward_batch", "token_to_kv_pool"),
+    ),
+    # replaced (patches.py sampler_class: RolloutSampler keeps this call)
+    "Sampler.__call__": ("self", "logits_output", "sampling_metadata", "rng_override"),
+    # called
+    "Llama3RotaryEmbedding._compute_inv_freq": ("self", "base"),
+    "Scheduler.abort_request": ("self", "recv_req"),
+    "Scheduler.flush_cache": ("self",),
+    "Scheduler.is_fully_idle": ("self",),
+    "Engine.abort_request": ("self", "rid", "abort_all"),
+    "TokenizerManager.generate_request": ("self", "obj", "request"),
+    "TokenizerManager.abort_request": ("self", "rid", "abort_all"),
+    "ReqToTokenPool.__init__": ("self", "size"),
+    "Req.finished": ("self",),
+    "ForwardMode.is_extend": ("self",),
+    "ForwardMode.is_decode": ("self",),
+    "MHATokenToKVPool.get_fused_kv_buffer": ("self", "layer_id"),
+    "forward_attention": (
+        *("q", "k_cache", "v_cache", "seq_lengths", "loc", "extend_prefix_lens"),
+        *("extend_seq_lens", "num_heads", "num_kv_heads", "scale", "is_causal", "mode"),
+        *("kv_sharding", "mesh", "xai_temperature_len", "sliding_window_size", "softmax_dtype"),
+    ),
+    "merge_kv": ("k", "v"),
+    "AbortReq": ("rid",),
+    "FINISH_ABORT": ("message",),
+}
+
+# Attributes we read (or write) on upstream objects, by class.
+ATTRIBUTES: dict[str, tuple[str, ...]] = {
+    "Engine": ("scheduler_info", "tokenizer_manager", "loop", "port_args"),
+    "PortArgs": ("detokenizer_ipc_name",),
+    "ServerArgs": ("watchdog_timeout",),
+    "Scheduler": (
+        *("tp_worker", "enable_overlap", "server_args", "forward_ct", "cur_batch"),
+        *("recv_from_tokenizer", "recv_from_rpc"),
+    ),
+    "ModelWorker": ("worker", "model_runner"),
+    "ModelWorkerClient": ("worker",),
+    "ModelRunner": (
+        *("model", "model_state_leaves", "model_config", "mesh", "req_to_token_pool"),
+        *("_sampler_base_rng", "forward", "sample"),
+    ),
+    "ReqToTokenPool": ("size",),
+    "DetokenizerManager": ("decode_status",),
+    "BatchTokenIDOut": ("rids", "finished_reasons"),
+    "Req": (
+        *("rid", "origin_input_ids", "output_ids", "output_ids_through_stop", "req_pool_idx"),
+        *("sampling_params", "finished_reason", "to_finish"),
+    ),
+    "ScheduleBatch": ("reqs_info", "per_dp_bs_size", "forward_mode"),
+    "ModelWorkerBatch": ("sampling_info",),
+    "SamplingBatchInfo": ("temperatures",),
+    "SamplingParams": ("temperature", "top_k", "top_p", "min_p", "sampling_seed"),
+    "ForwardBatch": (
+        *("forward_mode", "seq_lens", "extend_prefix_lens", "extend_seq_lens"),
+        *("out_cache_loc", "cache_loc"),
+    ),
+    "RadixAttention": (
+        *("head_dim", "attn_type", "scaling", "sliding_window_size", "softmax_dtype"),
+        "layer_id",
+    ),
+    "NativeAttention": ("mesh",),
+    "Llama3RotaryEmbedding": ("base", "_inv_freq_np"),
+    "ForwardMode": ("DECODE",),
+    "AttentionType": ("ENCODER_ONLY",),
+}
+
+# Module globals a patch replaces (patches.py: sampler_class, scheduler_faulthandler,
+# engine_sockets, contained_signals).
+MODULE_GLOBALS: dict[str, tuple[str, ...]] = {
+    "model_executor.model_runner": ("Sampler",),
+    "managers.scheduler": ("faulthandler", "get_zmq_socket", "psutil"),
+    "managers.detokenizer_manager": ("get_zmq_socket", "psutil"),
+    "managers.tokenizer_manager": ("get_zmq_socket",),
+    "managers.tp_worker": ("psutil",),
+    "entrypoints.engine": ("get_zmq_socket",),
+}
+SOCKET_MODULES = tuple(m for m, names in MODULE_GLOBALS.items() if "get_zmq_socket" in names)
+SIGNALLING_MODULES = tuple(m for m, names in MODULE_GLOBALS.items() if "psutil" in names)
+
+# The pytrees our subclasses extend (engine/sampler_module.py): children in this order.
+STOCK_OUTPUT_CHILDREN = 12  # LogitsProcessorOutput
+STOCK_METADATA_CHILDREN = 12  # SamplingMetadata: these children + 3 aux fields
+SCHEDULER_INFO_KEY = "scheduler"  # Engine.scheduler_info[...] in single-process mode
+
+
+def module(path: str) -> Any:
+    """The upstream module `sgl_jax.srt.<path>` (ModuleNotFoundError without the engine;
+    entry points run `availability.require_sgl_jax` first, which says how to install it)."""
+    return importlib.import_module(f"{ROOT}.{path}")
+
+
+def get(name: str) -> Any:
+    """The upstream object we call `name` (a key of SYMBOLS)."""
+    path, attr = SYMBOLS[name]
+    return getattr(module(path), attr)
+
+
+def scheduler_of(engine: Any) -> Any:
+    """The scheduler a single-process engine built (`Engine.scheduler_info`)."""
+    info = engine.scheduler_info
+    if SCHEDULER_INFO_KEY not in info:
+        raise RuntimeError(
+            f"sgl-jax's Engine.scheduler_info has no {SCHEDULER_INFO_KEY!r} entry (keys: "
+            f"{sorted(info)}); checked against {PINNED_COMMIT}"
+        )
+    return info[SCHEDULER_INFO_KEY]
+
+
+def model_runner_of(scheduler: Any) -> Any:
+    """The scheduler's model runner, with or without the overlap worker thread."""
+    return scheduler.tp_worker.worker.model_runner
+
+
+def check(server_args: Iterable[str] = ()) -> None:
+    """Raises RuntimeError naming every upstream name that moved; `server_args` are the
+    keywords we give `Engine` (checked against `ServerArgs`' fields)."""
+    problems: list[str] = []
+    objects: dict[str, Any] = {}
+    for name in SYMBOLS:
+        try:
+            objects[name] = get(name)
+        except (ImportError, AttributeError) as err:
+            path, attr = SYMBOLS[name]
+            problems.append(f"{ROOT}.{path}.{attr} is gone ({type(err).__name__}: {err})")
+    for name, params in FUNCTIONS.items():
+        problems += _function_problems(name, params, objects)
+    for cls_name, attrs in ATTRIBUTES.items():
+        if cls_name in objects:
+            known = class_attributes(objects[cls_name])
+            lost = [a for a in attrs if a not in known]
+            if lost:
+                problems.append(f"{cls_name} no longer has attribute(s) {lost}")
+    for path, names in MODULE_GLOBALS.items():
+        lost = [n for n in names if not hasattr(module(path), n)]
+        if lost:
+            problems.append(f"{ROOT}.{path} no longer has {lost}")
+    if "ServerArgs" in objects:
+        fields = {f.name for f in dataclasses.fields(objects["ServerArgs"])}
+        unknown = sorted(set(server_args) - fields)
+        if unknown:
+            problems.append(f"ServerArgs has no field(s) {unknown}")
+    problems += _pytree_problems(objects)
+    if problems:
+        raise RuntimeError(
+            f"sgl-jax differs from the commit our patches were checked against "
+            f"({PINNED_COMMIT}): " + "; ".join(problems)
+        )
+
+
+def _function_problems(name: str, params: tuple[str, ...], objects: dict[str, Any]) -> list[str]:
+    owner, _, attr = name.partition(".")
+    if owner not in objects:
+        return []  # reported as a missing symbol
+    fn = getattr(objects[owner], attr, None) if attr else objects[owner]
+    if fn is None:
+        return [f"{name} is gone"]
+    fn = getattr(fn, "__wrapped__", fn)
+    try:
+        found = list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return [f"{name} has no readable signature"]
+    missing = [p for p in params if p not in found]
+    return [f"{name} lost parameter(s) {missing} (has {found})"] if missing else []
+
+
+def _pytree_problems(objects: dict[str, Any]) -> list[str]:
+    problems = []
+    output = objects.get("LogitsProcessorOutput")
+    if output is not None:
+        children = output(next_token_logits=None).tree_flatten()[0]
+        if len(children) != STOCK_OUTPUT_CHILDREN:
+            problems.append(
+                f"LogitsProcessorOutput has {len(children)} pytree children, not "
+                f"{STOCK_OUTPUT_CHILDREN}"
+            )
+    metadata = objects.get("SamplingMetadata")
+    if metadata is not None:
+        fields = [f.name for f in dataclasses.fields(metadata)]
+        if len(fields) != STOCK_METADATA_CHILDREN + 3:
+            problems.append(f"SamplingMetadata fields changed: {fields}")
+    return problems
+
+
+@functools.cache
+def class_attributes(cls: type) -> frozenset[str]:
+    """Every attribute an instance of `cls` can have, read from the classes of its MRO: class
+    members, dataclass fields and annotations, and `self.<name>` assignment targets in their
+    source (instance attributes exist only once an object is built)."""
+    names: set[str] = set()
+    for klass in cls.__mro__:
+        if klass is object:
+            continue
+        names.update(vars(klass))
+        names.update(getattr(klass, "__annotations__", {}))
+        if dataclasses.is_dataclass(klass):
+            names.update(f.name for f in dataclasses.fields(klass))
+        names.update(_assigned_self_attributes(klass))
+    return frozenset(names)
+
+
+def _assigned_self_attributes(klass: type) -> set[str]:
+    try:
+        source = textwrap.dedent(inspect.getsource(klass))
+    except (OSError, TypeError):
+        return set()
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, ast.AnnAssign | ast.AugAssign):
+            targets = [node.target]
+        for target in targets:
+            for sub in ast.walk(target):
+                if (
+                    isinstance(sub, ast.Attribute)
+                    and isinstance(sub.value, ast.Name)
+                    and sub.value.id == "self"
+                ):
+                    found.add(sub.attr)
+    return found
