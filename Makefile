@@ -90,7 +90,10 @@ TM_VENV := .venv-tunix-main
 TM_PY := $(TM_VENV)/bin/python
 TUNIX_MAIN_COMMIT := c7d8950f12a9c55a976bf2e1a0d8b447d71c20b3
 TUNIX_MAIN_SPEC ?= $(if $(WHEELHOUSE),google-tunix==0.1.8.dev0+gc7d8950f,google-tunix @ git+https://github.com/google/tunix@$(TUNIX_MAIN_COMMIT))
-TUNIX_MAIN_TESTS ?= tests/adapter tests/test_tunix_compat.py tests/test_layout.py tests/test_rollout_in_cluster.py
+TUNIX_MAIN_TESTS ?= tests/tunix_adapter tests/sgl_jax_rollout_apps/test_compare_engine.py \
+	tests/sgl_jax_rollout_apps/test_compare_stats.py tests/sgl_jax_rollout_apps/test_demo_cli.py \
+	tests/sgl_jax_rollout/test_tunix_compat.py tests/test_layout.py \
+	tests/sgl_jax_rollout/test_rollout_in_cluster.py
 FIND_LINKS := $(if $(WHEELHOUSE),--find-links "$(WHEELHOUSE)")
 
 tunix-main-env:

@@ -3,6 +3,11 @@ tunix main's GRPO switches; each skips otherwise)
 and the engine tests' shared fixtures: one tiny model, one trainer model, one rollout for the
 whole session (starting an engine compiles for about a minute on CPU).
 
+One engine per process: tests run in engine phases (`engine_phase`), whatever their files'
+names: tests that start their own engine (or none) first, then those on the session rollout,
+then the test marked `ends_session_engine` (it shuts the session engine down), then those
+marked `after_session_engine` (they start their own engine once it is gone).
+
 With `SGL_JAX_ROLLOUT_REQUIRE_ENGINE=1` (CI, `make test REQUIRE_ENGINE=1`) the engine is
 required: a missing engine stops the run at collection, and an engine-marked test that skips
 for any reason fails (a `tpu`- or `tunix_main`-marked test may still skip)."""
@@ -38,7 +43,18 @@ def _is_tunix_main() -> bool:
     return "use_rollout_logps" in {f.name for f in dataclasses.fields(GRPOConfig)}
 
 
+def engine_phase(item) -> int:
+    """0: needs no engine or starts its own; 1: uses the session `rollout`; 2: shuts the
+    session engine down; 3: starts its own engine after that."""
+    if item.get_closest_marker("after_session_engine") is not None:
+        return 3
+    if item.get_closest_marker("ends_session_engine") is not None:
+        return 2
+    return 1 if "rollout" in getattr(item, "fixturenames", ()) else 0
+
+
 def pytest_collection_modifyitems(config, items):
+    items.sort(key=engine_phase)  # stable: collection order within a phase
     no_engine = importlib.util.find_spec("sgl_jax") is None
     if no_engine and _engine_required():
         raise pytest.UsageError(
@@ -46,7 +62,7 @@ def pytest_collection_modifyitems(config, items):
             "(make engine WHEELHOUSE=DIR) or unset the variable"
         )
     for item in items:
-        # Markers, not keywords: keywords also hold directory names (tests/engine/).
+        # Markers, not keywords: keywords also hold directory names (tests/.../engine/).
         if no_engine and item.get_closest_marker("engine") is not None:
             item.add_marker(pytest.mark.skip(reason="sgl_jax is not installed"))
         if item.get_closest_marker("tpu") is not None and not _has_tpu():

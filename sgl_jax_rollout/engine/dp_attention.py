@@ -19,9 +19,9 @@ Why the KV write is not upstream's call: `MHATokenToKVPool.set_kv_buffer_legacy`
 `out_sharding` over the global mesh, neither of which exists inside `shard_map` on one rank's
 shard. `rank_kv_update` does its scatter on the local shard with upstream's own `merge_kv` and
 the fused layout upstream's native backend reads (`_get_and_update_kv_cache`: K at even, V at
-odd head slots); tests/engine/test_dp_attention.py compares it with upstream's write and split,
-so a change of that layout fails there. `forward_attention` is upstream's, called by keyword
-(its parameters are checked at start by `upstream.check`).
+odd head slots); tests/sgl_jax_rollout/engine/test_dp_attention.py compares it with upstream's
+write and split, so a change of that layout fails there. `forward_attention` is upstream's,
+called by keyword (its parameters are checked at start by `upstream.check`).
 """
 
 from __future__ import annotations

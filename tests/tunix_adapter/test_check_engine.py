@@ -1,5 +1,5 @@
 """`sgl-jax-rollout check` on the built-in model (engine-marked; its own engine, run before the
-session rollout of tests/test_rollout.py starts).
+session rollout starts: tests/conftest.py).
 
 The pre-flight passes where trainer and engine agree, and fails, naming the rows, where they
 do not: the same engine with weights the trainer does not have. The engine starts under

@@ -1,8 +1,8 @@
 """Starting and stopping the engine from any state: nothing left behind, never a SIGQUIT.
 
 Engine-marked. Each test starts its own engines (one engine per process), so this file must
-run before the session rollout of tests/test_rollout.py exists; collection order puts
-tests/engine first. Faults are injected into OUR code with `monkeypatch` around the real
+run before the session rollout exists, where tests/conftest.py puts every test that does not
+use it. Faults are injected into OUR code with `monkeypatch` around the real
 engine (no test double of the engine).
 """
 

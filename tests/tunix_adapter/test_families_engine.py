@@ -2,7 +2,7 @@
 through the `check` pre-flight: greedy tokens, processed logprobs at T 1 and 0.7 over
 completions past position 1,024, and one sync of perturbed weights, all against tunix's
 trainer-side `compute_per_token_logps` (engine-marked; one engine at a time, each shut down
-before the session rollout of tests/test_rollout.py starts).
+before the session rollout starts (tests/conftest.py)).
 """
 
 from __future__ import annotations

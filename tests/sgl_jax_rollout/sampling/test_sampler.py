@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from sgl_jax_rollout.sampling import SamplerConfig, SamplingOptions, make_batch, sample
-from tests.sampling.numpy_reference import entropy, reference_row, top_k_entropy
+from tests.sgl_jax_rollout.sampling.numpy_reference import entropy, reference_row, top_k_entropy
 
 VOCAB = 300
 EOS = 7

@@ -12,7 +12,7 @@ import pytest
 
 from sgl_jax_rollout.sampling import SamplingOptions, make_batch
 from sgl_jax_rollout.sampling.penalties import apply_penalties, occurrence_tables
-from tests.sampling.numpy_reference import hf_repetition_penalty
+from tests.sgl_jax_rollout.sampling.numpy_reference import hf_repetition_penalty
 
 VOCAB = 64
 _INPUT = {"which": "token_ids"}

@@ -1,8 +1,8 @@
 """Weight sync for the other tunix families (qwen2, llama3) on their own tiny engines.
 
 Engine-marked. Each case starts and shuts down its own engine (one engine per process), so it
-must not run while the session rollout of tests/test_rollout.py is alive; collection order
-puts this file first.
+must not run while the session rollout is alive: tests/conftest.py runs such tests before
+the first test that uses it.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """SglangJaxRollout built by tunix's own cluster from `functools.partial`, as users wire it.
 
-Engine-marked. It starts its own engine, so it runs after tests/test_rollout.py has shut the
-session rollout down (one engine per process); alone, it runs by itself.
+Engine-marked. It starts its own engine, so it runs once the session rollout is shut down
+(`after_session_engine`, tests/conftest.py; one engine per process); alone, it runs by itself.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import numpy as np
 import optax
 import pytest
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.after_session_engine]
 
 
 def test_cluster_builds_generates_and_syncs_weights_through_our_rollout(tiny_dir):

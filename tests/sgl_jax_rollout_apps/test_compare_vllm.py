@@ -6,7 +6,7 @@ TPU backend installed). Tolerances suit bf16 on both sides: greedy agreement >= 
 ties flip argmaxes late in a completion) and logprob max |diff| against the trainer <= 0.1
 (mean <= 0.02), since vLLM's and our kernels round differently from the trainer's.
 
-Run on a TPU host: `python -m pytest -m tpu tests/adapter/test_compare_vllm.py`, with
+Run on a TPU host: `python -m pytest -m tpu tests/sgl_jax_rollout_apps/test_compare_vllm.py`, with
 `SGL_JAX_ROLLOUT_COMPARE_MODEL` set to a HF checkpoint directory and `SGL_JAX_ROLLOUT_PRESET`
 to the slice's preset (default v5e-8).
 """

@@ -1,15 +1,15 @@
 """GRPO, EGPO and PPO steps with SglangJaxRollout on the built-in model (engine-marked).
 
 Each test builds its own cluster and engine and shuts the engine down (one engine per
-process), before the session rollout of tests/test_rollout.py starts.
+process), before the session rollout starts (tests/conftest.py).
 """
 
 import numpy as np
 import pytest
 
 from sgl_jax_rollout_apps import demo
-from tests.adapter.training_helpers import changed, check_example, train_and_capture
 from tests.conftest import TEST_SETTINGS
+from tests.tunix_adapter.training_helpers import changed, check_example, train_and_capture
 
 pytestmark = pytest.mark.engine
 

@@ -371,6 +371,7 @@ def test_every_engine_socket_has_linger_zero():
         context.destroy(linger=0)
 
 
+@pytest.mark.ends_session_engine
 def test_shutdown_stops_the_engine_and_spares_unrelated_children(rollout):
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     sockets = list(rollout.engine._hooks.sockets)

@@ -1,10 +1,9 @@
 """The soak of `sgl_jax_rollout_apps.bench.soak`, trimmed to 60 requests and 3 cycles
 (engine-marked).
 
-It runs on the session rollout of tests/conftest.py (one engine per process), so it needs that
-engine alive: the file name sorts after tests/engine/ (whose tests start their own engines and
-skip while another runs) and before tests/test_rollout.py (whose last test shuts the session
-engine down). `pytest --collect-only -q` shows the order.
+It runs on the session rollout of tests/conftest.py (one engine per process), which orders it
+after the tests that start their own engines and before the test that shuts the session
+engine down. `pytest --collect-only -q` shows the order.
 """
 
 from __future__ import annotations

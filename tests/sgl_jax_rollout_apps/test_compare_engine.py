@@ -1,5 +1,5 @@
 """`compare --against vanilla` on the built-in model (engine-marked; it starts its own engine,
-one per process, after tests/test_rollout.py has shut the session rollout down)."""
+one per process, before the session rollout starts: tests/conftest.py)."""
 
 import json
 

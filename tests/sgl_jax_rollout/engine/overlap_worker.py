@@ -1,9 +1,9 @@
 """Runs the overlap workload on an engine of its own and prints its results as JSON (one
 engine per process: the tests' session engine is the other side of the comparison).
 
-Started by tests/test_overlap_engine.py:
-`python -m tests.engine.overlap_worker MODEL on|off [single]`; `single` runs one request at a
-time (`max_running_requests=1`).
+Started by tests/sgl_jax_rollout/test_overlap_engine.py: `python -m
+tests.sgl_jax_rollout.engine.overlap_worker MODEL on|off [single]`; `single` runs one request at
+a time (`max_running_requests=1`).
 """
 
 import json

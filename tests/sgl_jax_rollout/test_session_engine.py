@@ -1,14 +1,14 @@
 """A managed three-turn chat on the built-in model (engine-marked).
 
-It starts its own engine (one engine per process), after tests/test_rollout.py has shut the
-session rollout down.
+It starts its own engine (one engine per process), once the session rollout is shut down
+(`after_session_engine`, tests/conftest.py).
 """
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.after_session_engine]
 
 
 def test_three_turn_chat_stays_aligned_with_rescoring(tiny_dir, trainer):
@@ -18,7 +18,7 @@ def test_three_turn_chat_stays_aligned_with_rescoring(tiny_dir, trainer):
     from sgl_jax_rollout.session import MASK_ID
     from sgl_jax_rollout.tunix_compat import RolloutConfig
     from tests.conftest import TEST_SETTINGS
-    from tests.test_rollout import trainer_logps
+    from tests.sgl_jax_rollout.test_rollout import trainer_logps
     from tunix_adapter.sessions import grpo_batch
 
     if patches._active is not None:

@@ -9,7 +9,7 @@ import pytest
 
 from sgl_jax_rollout import tunix_compat
 from sgl_jax_rollout_apps import demo
-from tests.adapter.training_helpers import changed, check_example, train_and_capture
+from tests.tunix_adapter.training_helpers import changed, check_example, train_and_capture
 from tunix_adapter.egpo import EgpoSettings, egpo_advantages, think_span_entropy
 from tunix_adapter.rewards import vowel_word_reward
 

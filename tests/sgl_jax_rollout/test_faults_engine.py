@@ -7,7 +7,7 @@ injections around a real engine, not test doubles of it. After every fault the c
 RuntimeError naming it, the per-request stores are empty (`stores_empty_after` in
 conftest.py), and the next call returns what it returned before the fault.
 
-Named to run before tests/test_rollout.py, whose last test shuts the shared engine down.
+It runs on the session rollout, before the test that shuts it down (tests/conftest.py).
 """
 
 from __future__ import annotations

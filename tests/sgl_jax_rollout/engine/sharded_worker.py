@@ -1,9 +1,10 @@
 """Runs one sharded engine on 8 simulated CPU devices and prints its results as JSON.
 
-Started by tests/engine/test_sharded.py in a subprocess (XLA_FLAGS must be set before jax
-starts; one engine per process): `python -m tests.engine.sharded_worker MODEL TP DP [swap]`.
-Greedy tokens with raw logprobs (the model's own log-softmax), and, with `swap`, the same
-after `update_params` with trainer weights laid out fsdp = 4 x tp = 2 over all 8 devices.
+Started by tests/sgl_jax_rollout/engine/test_sharded.py in a subprocess (XLA_FLAGS must be set
+before jax starts; one engine per process): `python -m
+tests.sgl_jax_rollout.engine.sharded_worker MODEL TP DP [swap]`. Greedy tokens with raw logprobs
+(the model's own log-softmax), and, with `swap`, the same after `update_params` with trainer
+weights laid out fsdp = 4 x tp = 2 over all 8 devices.
 """
 
 import os

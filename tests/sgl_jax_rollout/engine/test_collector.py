@@ -1,6 +1,6 @@
 """The per-request stores, driven by `FakeReq`: a test double of sgl-jax's `Req` holding only
 the attributes the collector reads. The collector is our code; the engine is not faked here
-(the engine-marked tests in tests/test_rollout.py drive the real one)."""
+(the engine-marked tests in tests/sgl_jax_rollout/test_rollout.py drive the real one)."""
 
 from __future__ import annotations
 

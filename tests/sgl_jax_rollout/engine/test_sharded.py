@@ -1,5 +1,5 @@
 """The engine sharded over simulated devices (engine-marked; 8 CPU devices, each engine in
-its own subprocess: tests/engine/sharded_worker.py).
+its own subprocess: tests/sgl_jax_rollout/engine/sharded_worker.py).
 
 - tp = 2 and dp = 2 x tp = 2 give the tokens, logprobs and entropy of tp = 1 (<= 1e-4),
   greedy and seeded sampling;
@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 pytestmark = pytest.mark.engine
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 _cache: dict[tuple, dict] = {}
 
 
@@ -29,7 +29,13 @@ def run(tiny_dir):
         key = (tp, dp, swap)
         if key not in _cache:
             env = dict(os.environ, PYTHONPATH=str(ROOT))
-            args = [sys.executable, "-m", "tests.engine.sharded_worker", str(tiny_dir), str(tp)]
+            args = [
+                sys.executable,
+                "-m",
+                "tests.sgl_jax_rollout.engine.sharded_worker",
+                str(tiny_dir),
+                str(tp),
+            ]
             args += [str(dp)] + (["swap"] if swap else [])
             done = subprocess.run(
                 args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900

@@ -1,9 +1,9 @@
 """Session trajectories exported for tunix: the agentic item and our GRPO batch.
 
-The sessions here run on `FakeEngine` from tests/test_session.py, a TEST DOUBLE for the engine
-(deterministic tokens, logprobs and entropy); the tests are about our export code only. The
-engine-backed export is checked against tunix's trainer-side logprobs in
-tests/test_session_engine.py.
+The sessions here run on `FakeEngine` from tests/sgl_jax_rollout/test_session.py, a TEST DOUBLE
+for the engine (deterministic tokens, logprobs and entropy); the tests are about our export code
+only. The engine-backed export is checked against tunix's trainer-side logprobs in
+tests/sgl_jax_rollout/test_session_engine.py.
 """
 
 import logging
@@ -13,7 +13,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from sgl_jax_rollout.session import Session
-from tests.test_session import FakeEngine
+from tests.sgl_jax_rollout.test_session import FakeEngine
 from tunix_adapter.sessions import agentic_item, grpo_batch
 
 PAD = 0

@@ -1,11 +1,12 @@
 """Overlap scheduling changes nothing a request gets (engine-marked): for seeded requests,
 penalties and min_new_tokens included, an engine with overlap on (in a subprocess,
-tests/engine/overlap_worker.py) gives the tokens of the session engine, whose default is off
-on CPU and on elsewhere (so off here is compared with on and the other way round), and the
-logprobs and entropy within 1e-5. Not 1e-6: the two engines batch differently (one request per
-batch against up to ten, prefill split by arrival time), and the model's forward in another
-batch bucket differs by a few float32 ulps (measured up to 3.6e-6 on logprobs of magnitude 1
-to 5); the sampler adds nothing to that. A wrong step count or penalty table changes tokens.
+tests/sgl_jax_rollout/engine/overlap_worker.py) gives the tokens of the session engine, whose
+default is off on CPU and on elsewhere (so off here is compared with on and the other way
+round), and the logprobs and entropy within 1e-5. Not 1e-6: the two engines batch differently
+(one request per batch against up to ten, prefill split by arrival time), and the model's
+forward in another batch bucket differs by a few float32 ulps (measured up to 3.6e-6 on logprobs
+of magnitude 1 to 5); the sampler adds nothing to that. A wrong step count or penalty table
+changes tokens.
 
 On CPU the overlapped engine runs one request at a time: with several per batch, the pinned
 sgl-jax gives wrong logits to all but the first request of a batch in about half of its
@@ -13,11 +14,10 @@ starts with overlap on (`settings.CPU_OVERLAP_DEFECT`; the engine as it ships do
 One request per batch still has everything overlap changes for us: a step built before the
 last token is known (penalty tables, min_new_tokens and the PRNG step read from the slot
 state), and a finished request's extra step. Batches mixing joining and running slots are
-covered by tests/engine/test_slot_state.py.
+covered by tests/sgl_jax_rollout/engine/test_slot_state.py.
 
-It runs on the session rollout of tests/conftest.py, so like tests/test_bench_soak.py its file
-name sorts after tests/engine/ (whose tests start their own engines) and before
-tests/test_rollout.py (whose last test shuts the session engine down).
+It runs on the session rollout of tests/conftest.py, which orders it after the tests that start
+their own engines and before the test that shuts the session engine down.
 """
 
 import json
@@ -30,10 +30,10 @@ import jax
 import numpy as np
 import pytest
 
-from tests.engine.overlap_worker import CASES, workload
+from tests.sgl_jax_rollout.engine.overlap_worker import CASES, workload
 
 pytestmark = pytest.mark.engine
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_overlap_on_and_off_give_the_same_completions(rollout, tiny_dir):
@@ -42,7 +42,13 @@ def test_overlap_on_and_off_give_the_same_completions(rollout, tiny_dir):
     assert mine["overlap"] is (not cpu)
     other = "on" if cpu else "off"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    args = [sys.executable, "-m", "tests.engine.overlap_worker", str(tiny_dir), other]
+    args = [
+        sys.executable,
+        "-m",
+        "tests.sgl_jax_rollout.engine.overlap_worker",
+        str(tiny_dir),
+        other,
+    ]
     args += ["single"] if cpu else []
     done = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     lines = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]

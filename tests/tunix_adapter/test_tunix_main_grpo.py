@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from sgl_jax_rollout_apps import demo
-from tests.adapter.training_helpers import train_and_capture
 from tests.conftest import TEST_SETTINGS
+from tests.tunix_adapter.training_helpers import train_and_capture
 
 pytestmark = [pytest.mark.engine, pytest.mark.tunix_main]
 

@@ -8,7 +8,7 @@ import pytest
 from scipy import stats
 
 from sgl_jax_rollout.sampling import SamplerConfig, SamplingOptions, make_batch, sample
-from tests.sampling.numpy_reference import reference_row
+from tests.sgl_jax_rollout.sampling.numpy_reference import reference_row
 
 DRAWS = 20_000
 VOCAB = 48
