@@ -17,9 +17,11 @@ instead of raising.
 - `sampler_class`: `model_executor.model_runner.Sampler` -> `RolloutSampler`. Replaced before
   the Engine is built, so the runner's `initialize_jit` and precompile include our sampler.
 - `worker_batch_rows`: wraps `ScheduleBatch.get_model_worker_batch` to attach our per-row
-  settings (`rows.build_rows`) and request slots for the batch's requests, in row order.
+  settings (`rows.build_rows`) and request slots for the batch's requests, in row order (a
+  decode step with the same requests in the same slots as the last one reuses its rows).
 - `sampling_metadata_rows`: wraps `SamplingMetadata.from_model_worker_batch` to return a
-  `RolloutSamplingMetadata` carrying those rows on the mesh (neutral rows for precompile).
+  `RolloutSamplingMetadata` carrying those rows on the mesh (neutral rows for precompile;
+  rows reused from the last step are already there).
 - `sample_with_slot_state`: wraps `ModelRunner.sample` (run on the thread that runs the step:
   the forward thread with overlap): hands the sampler the slot state and keeps the advanced
   state it returns; a sampler that fails (a compile of a new config) is run again with neutral
@@ -164,6 +166,10 @@ class EngineHooks:
     # (request ids, error) of sampler calls that failed, for the scheduler thread to fail.
     failed_samples: collections.deque = dataclasses.field(default_factory=collections.deque)
     processing: Any = None  # (scheduler, batch) while an overlapped result is processed
+    # The last decode step's (key, rows) and the last rows placed on the mesh (rows, device):
+    # a decode step with the same requests in the same slots reuses both.
+    decode_rows: tuple | None = None
+    placed_rows: tuple | None = None
 
     def end(self, reason: str) -> None:
         with _END_LOCK:
@@ -322,6 +328,15 @@ def _worker_batch_rows(original, self, *args, **kwargs):
         mwb.rollout_rows = _neutral_rows(hooks.valid_vocab_size, padded)
         return mwb
     reqs = _requests_by_row(self)
+    # Extend rows join their slot: a new request, a chunk of one, or a retracted one coming
+    # back (whose output ids are complete by then). Decode rows read their slot's state, so
+    # a decode step with the same requests in the same slots has the same rows as the last.
+    joining = self.forward_mode.is_extend()
+    key = (padded, tuple(None if r is None else (r.rid, r.req_pool_idx) for r in reqs))
+    cached = hooks.decode_rows
+    if not joining and cached is not None and cached[0] == key:
+        mwb.rollout_rows = cached[1]
+        return mwb
     registered, specs = [], []
     for req in reqs:
         spec = None if req is None else hooks.collector.spec_for(req.rid)
@@ -329,9 +344,6 @@ def _worker_batch_rows(original, self, *args, **kwargs):
             registered.append(spec)
         specs.append(spec or (None if req is None else _fallback_spec(req)))
     config = sampler_config(registered, hooks.valid_vocab_size)
-    # Extend rows join their slot: a new request, a chunk of one, or a retracted one coming
-    # back (whose output ids are complete by then). Decode rows read their slot's state.
-    joining = self.forward_mode.is_extend()
     if joining:
         prompts = [[] if req is None else req.origin_input_ids for req in reqs]
         outputs = [[] if req is None else req.output_ids for req in reqs]
@@ -340,6 +352,7 @@ def _worker_batch_rows(original, self, *args, **kwargs):
     slots = slot_table([None if r is None else r.req_pool_idx for r in reqs], joining, padded)
     rids = [req.rid for req in reqs if req is not None]
     mwb.rollout_rows = (config, build_rows(specs, prompts, outputs, padded, config), slots, rids)
+    hooks.decode_rows = None if joining else (key, mwb.rollout_rows)
     return mwb
 
 
@@ -391,19 +404,34 @@ def _sampling_metadata_rows(original, batch, pad_size=0, mesh=None, vocab_size=3
         # Precompile and requests outside our engine: neutral greedy rows, default config.
         valid = hooks.valid_vocab_size if hooks is not None else None
         rows = _neutral_rows(valid, len(batch.sampling_info.temperatures))
+    elif hooks is not None:  # the rows of the last step again: already on the mesh
+        placed = hooks.placed_rows
+        if placed is not None and placed[0] is rows:
+            return _with_rows(stock, *rows, mesh, placed[1])
+        metadata = _with_rows(stock, *rows, mesh)
+        hooks.placed_rows = (rows, metadata.rollout_rows)
+        return metadata
     return _with_rows(stock, *rows, mesh)
 
 
 def _with_rows(
-    stock: Any, config: SamplerConfig, host_rows: Any, slots: Any, rids: list[str], mesh: Any
+    stock: Any,
+    config: SamplerConfig,
+    host_rows: Any,
+    slots: Any,
+    rids: list[str],
+    mesh: Any,
+    device_rows: Any = None,
 ):
     """Stock `SamplingMetadata` children plus our rows placed on the mesh (one transfer of
-    `PackedRows`), `config` as aux; the step's request ids as a plain attribute (for
-    `sample_with_slot_state`, which sees the object before jit)."""
+    `PackedRows`, unless `device_rows` holds them already), `config` as aux; the step's
+    request ids as a plain attribute (for `sample_with_slot_state`, which sees the object
+    before jit)."""
     from sgl_jax_rollout.engine.sampler_module import RolloutSamplingMetadata
 
-    packed = pack_rows(host_rows, slots)
-    device_rows = jax.device_put(packed, NamedSharding(mesh, P("data", None)))
+    if device_rows is None:
+        packed = pack_rows(host_rows, slots)
+        device_rows = jax.device_put(packed, NamedSharding(mesh, P("data", None)))
     children, aux = stock.tree_flatten()
     aux = {k: v for k, v in aux.items() if k != "rollout_config"}
     metadata = RolloutSamplingMetadata.tree_unflatten(

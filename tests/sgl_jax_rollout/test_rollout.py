@@ -77,6 +77,28 @@ def test_processed_logprobs_equal_tunix_trainer_recomputation(rollout, trainer):
         np.testing.assert_allclose(lp[:k], reference[i, :k], atol=1e-4, rtol=0)
 
 
+def test_decode_steps_with_the_same_requests_reuse_their_rows(rollout, monkeypatch):
+    """Rows are built and moved to the device when a batch's requests or slots change, not
+    at every decode step (the logprob tests above run on reused rows)."""
+    from sgl_jax_rollout.engine import patches
+
+    calls = {"build_rows": 0, "pack_rows": 0}
+    for name in calls:
+        original = getattr(patches, name)
+
+        def counted(*args, _original=original, _name=name, **kwargs):
+            calls[_name] += 1
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(patches, name, counted)
+    out = rollout.generate(PROMPTS, config(max_tokens_to_generate=24))
+    # at most one build per extend step and per change of the running set (a request that
+    # ends on EOS), far fewer than the 23 decode steps
+    changes = len({len(t) for t in out.tokens})
+    assert 1 <= calls["build_rows"] <= 2 + changes
+    assert calls["pack_rows"] == calls["build_rows"]
+
+
 def test_get_per_token_logps_equals_trainer_on_given_completions(rollout, trainer):
     rng = np.random.default_rng(0)
     prompts = jnp.asarray(
