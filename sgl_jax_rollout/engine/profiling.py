@@ -1,6 +1,7 @@
 """Where the engine's wall time goes: time spent in jitted model and sampler calls, per step.
 
-Owns `time_jitted_calls(model_runner)`, a context manager for benchmarks only. It wraps the
+Owns `time_jitted_calls(model_runner)`, a context manager for benchmarks only, and
+`host_time`, the median split of a call's time per step over several runs. It wraps the
 *instance* attributes `forward` and `sample` of one sgl-jax `ModelRunner` (upstream
 `ModelRunner.forward` / `ModelRunner.sample`, commit in `availability.PINNED_COMMIT`), blocks on
 their outputs so their device time is counted, and restores them on exit. With overlap
@@ -12,8 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -55,3 +57,24 @@ def time_jitted_calls(model_runner: Any) -> Iterator[JitTimes]:
         yield times
     finally:
         del model_runner.forward, model_runner.sample
+
+
+def host_time(model_runner: Any, call: Callable[[], Any], runs: int) -> dict[str, float]:
+    """Per model step, the median over `runs` timed calls of `call`: host milliseconds (wall
+    minus the jitted model and sampler calls), sampler and model milliseconds; and the steps
+    of one call."""
+    samples = []
+    for _ in range(runs):
+        with time_jitted_calls(model_runner) as times:
+            start = time.perf_counter()
+            call()
+            wall = time.perf_counter() - start
+        samples.append(
+            {
+                "host_ms_per_decode_step": 1e3 * (wall - times.jitted_s) / times.steps,
+                "sampler_ms_per_step": 1e3 * times.sampler_s / times.steps,
+                "model_ms_per_step": 1e3 * times.model_s / times.steps,
+                "steps": times.steps,
+            }
+        )
+    return {key: statistics.median(s[key] for s in samples) for key in samples[0]}

@@ -160,7 +160,7 @@ def run_rollout(
         model_path=model_dir, engine_settings=dict(PENALTY_SETTINGS, overlap_schedule=False)
     )
     try:
-        result["penalties_host"] = _penalties_host(rollout, rollout.engine.tokenizer)
+        result["penalties_host"] = _penalties_host(rollout, rollout.engine.tokenizer, runs)
     finally:
         rollout.shutdown()
     if real_size_layers:
@@ -170,8 +170,8 @@ def run_rollout(
 
 def _ours(rollout, workloads: dict, runs: int, plain: bool) -> dict[str, dict[str, Any]]:
     """Per workload: `ours_full` tokens/s (logprobs and full entropy), with `plain` also
-    `ours_plain` (neither), and the host time of one more full call (meaningful with overlap
-    off only: with it on, host work hides behind the device's)."""
+    `ours_plain` (neither), and the host time of `runs` more full calls (medians; meaningful
+    with overlap off only: with it on, host work hides behind the device's)."""
     out = {}
     for name, (count, lengths, new_tokens) in workloads.items():
         batch = prompts(rollout.engine.tokenizer, count, lengths)
@@ -190,7 +190,7 @@ def _ours(rollout, workloads: dict, runs: int, plain: bool) -> dict[str, dict[st
                 runs,
                 f"ours_plain {name}",
             )
-        out[name]["host"] = _host_time(rollout, full)
+        out[name]["host"] = _host_time(rollout, full, runs)
     return out
 
 
@@ -276,23 +276,14 @@ def _real_size(layers: int, runs: int) -> dict[str, Any]:
     }
 
 
-def _host_time(rollout, call) -> dict[str, float]:
-    """One more call, timed: host milliseconds per model step (wall minus jitted calls)."""
-    from sgl_jax_rollout.engine.profiling import time_jitted_calls
+def _host_time(rollout, call, runs: int) -> dict[str, float]:
+    """Host, sampler and model milliseconds per step: medians over `runs` more calls."""
+    from sgl_jax_rollout.engine.profiling import host_time
 
-    with time_jitted_calls(rollout.engine.model_runner) as times:
-        start = time.perf_counter()
-        call()
-        wall = time.perf_counter() - start
-    return {
-        "host_ms_per_decode_step": 1e3 * (wall - times.jitted_s) / times.steps,
-        "sampler_ms_per_step": 1e3 * times.sampler_s / times.steps,
-        "model_ms_per_step": 1e3 * times.model_s / times.steps,
-        "steps": times.steps,
-    }
+    return host_time(rollout.engine.model_runner, call, runs)
 
 
-def _penalties_host(rollout, tokenizer) -> dict[str, Any]:
+def _penalties_host(rollout, tokenizer, runs: int) -> dict[str, Any]:
     """Our host time per step with penalties on, at each of `PENALTY_LENGTHS` new tokens."""
     batch = prompts(tokenizer, *PENALTY_PROMPTS)
     out: dict[str, Any] = {"prompts": PENALTY_PROMPTS[0], "overrides": PENALTY_OVERRIDES}
@@ -303,7 +294,7 @@ def _penalties_host(rollout, tokenizer) -> dict[str, Any]:
             rollout.generate(batch, rc, ignore_eos=True, **PENALTY_OVERRIDES)
 
         call()  # warm-up: compiles every id-table width bucket this length meets
-        out[str(length)] = _host_time(rollout, call)
+        out[str(length)] = _host_time(rollout, call, runs)
     short, long = (out[str(n)]["host_ms_per_decode_step"] for n in PENALTY_LENGTHS)
     out[f"host_{PENALTY_LENGTHS[1]}_vs_{PENALTY_LENGTHS[0]}"] = long / short
     return out

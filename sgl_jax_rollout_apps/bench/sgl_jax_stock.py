@@ -9,9 +9,9 @@ rollout sends them); `OVERLAP` (1 / 0) turns upstream's overlap scheduler on or 
 `WORKLOADS_JSON` replaces `workloads.WORKLOADS`.
 
 Prints one JSON object, per workload: `tokens_per_s` (median of RUNS after a warm-up call),
-and with overlap off the host time of one more call, measured as for our rollout
-(`engine.profiling.time_jitted_calls`: wall time per model step minus the jitted model and
-sampler calls). With overlap on, host work runs beside the device by design, so it is not
+and with overlap off the host time per step over RUNS more calls (medians), measured as
+for our rollout (`engine.profiling.host_time`: wall time per model step minus the jitted model
+and sampler calls). With overlap on, host work runs beside the device by design, so it is not
 measured there.
 """
 
@@ -31,7 +31,7 @@ def main(
 
     from sgl_jax_rollout import rollout_inputs as inputs
     from sgl_jax_rollout.engine import upstream
-    from sgl_jax_rollout.engine.profiling import time_jitted_calls
+    from sgl_jax_rollout.engine.profiling import host_time
     from sgl_jax_rollout.engine.settings import EngineSettings
     from sgl_jax_rollout_apps.bench.workloads import WORKLOADS, prompts
 
@@ -67,16 +67,7 @@ def main(
         result[name] = {"tokens_per_s": statistics.median(rates)}
         if not overlap:
             runner = upstream.model_runner_of(upstream.scheduler_of(engine))
-            with time_jitted_calls(runner) as times:
-                start = time.perf_counter()
-                call()
-                wall = time.perf_counter() - start
-            result[name].update(
-                host_ms_per_decode_step=1e3 * (wall - times.jitted_s) / times.steps,
-                sampler_ms_per_step=1e3 * times.sampler_s / times.steps,
-                model_ms_per_step=1e3 * times.model_s / times.steps,
-                steps=times.steps,
-            )
+            result[name].update(host_time(runner, call, runs))
     return result
 
 
