@@ -21,7 +21,8 @@ instead of raising.
   decode step with the same requests in the same slots as the last one reuses its rows).
 - `sampling_metadata_rows`: wraps `SamplingMetadata.from_model_worker_batch` to return a
   `RolloutSamplingMetadata` carrying those rows on the mesh (neutral rows for precompile;
-  rows reused from the last step are already there).
+  rows reused from the last step reuse its metadata, stock children included: our sampler
+  reads none of them, and upstream would rebuild and transfer them every step).
 - `sample_with_slot_state`: wraps `ModelRunner.sample` (run on the thread that runs the step:
   the forward thread with overlap): hands the sampler the slot state and keeps the advanced
   state it returns; a sampler that fails (a compile of a new config) is run again with neutral
@@ -166,8 +167,9 @@ class EngineHooks:
     # (request ids, error) of sampler calls that failed, for the scheduler thread to fail.
     failed_samples: collections.deque = dataclasses.field(default_factory=collections.deque)
     processing: Any = None  # (scheduler, batch) while an overlapped result is processed
-    # The last decode step's (key, rows) and the last rows placed on the mesh (rows, device):
-    # a decode step with the same requests in the same slots reuses both.
+    # The last decode step's (key, rows) and the last rows placed on the mesh with their
+    # metadata (rows, metadata): a decode step with the same requests in the same slots
+    # reuses both.
     decode_rows: tuple | None = None
     placed_rows: tuple | None = None
 
@@ -396,42 +398,36 @@ def _fallback_spec(req: Any) -> RequestSpec:
 
 
 def _sampling_metadata_rows(original, batch, pad_size=0, mesh=None, vocab_size=32000):
-    """sampling_metadata_rows: stock metadata plus our rows, on the mesh."""
-    stock = original(batch, pad_size, mesh, vocab_size)
+    """sampling_metadata_rows: stock metadata plus our rows, on the mesh. The rows of the last
+    step again (a decode step of the same requests in the same slots) reuse its metadata, already
+    on the mesh: of the stock children, which upstream rebuilds and transfers every step, our
+    sampler reads none (only their shapes, which the same batch keeps)."""
     hooks = _hooks()
     rows = getattr(batch, "rollout_rows", None)
+    placed = hooks.placed_rows if hooks is not None else None
+    if rows is not None and placed is not None and placed[0] is rows:
+        return copy.copy(placed[1])
+    stock = original(batch, pad_size, mesh, vocab_size)
     if rows is None:
         # Precompile and requests outside our engine: neutral greedy rows, default config.
         valid = hooks.valid_vocab_size if hooks is not None else None
-        rows = _neutral_rows(valid, len(batch.sampling_info.temperatures))
-    elif hooks is not None:  # the rows of the last step again: already on the mesh
-        placed = hooks.placed_rows
-        if placed is not None and placed[0] is rows:
-            return _with_rows(stock, *rows, mesh, placed[1])
-        metadata = _with_rows(stock, *rows, mesh)
-        hooks.placed_rows = (rows, metadata.rollout_rows)
-        return metadata
-    return _with_rows(stock, *rows, mesh)
+        return _with_rows(stock, *_neutral_rows(valid, len(batch.sampling_info.temperatures)), mesh)
+    metadata = _with_rows(stock, *rows, mesh)
+    if hooks is not None:
+        hooks.placed_rows = (rows, metadata)
+    return metadata
 
 
 def _with_rows(
-    stock: Any,
-    config: SamplerConfig,
-    host_rows: Any,
-    slots: Any,
-    rids: list[str],
-    mesh: Any,
-    device_rows: Any = None,
+    stock: Any, config: SamplerConfig, host_rows: Any, slots: Any, rids: list[str], mesh: Any
 ):
     """Stock `SamplingMetadata` children plus our rows placed on the mesh (one transfer of
-    `PackedRows`, unless `device_rows` holds them already), `config` as aux; the step's
-    request ids as a plain attribute (for `sample_with_slot_state`, which sees the object
-    before jit)."""
+    `PackedRows`), `config` as aux; the step's request ids as a plain attribute (for
+    `sample_with_slot_state`, which sees the object before jit)."""
     from sgl_jax_rollout.engine.sampler_module import RolloutSamplingMetadata
 
-    if device_rows is None:
-        packed = pack_rows(host_rows, slots)
-        device_rows = jax.device_put(packed, NamedSharding(mesh, P("data", None)))
+    packed = pack_rows(host_rows, slots)
+    device_rows = jax.device_put(packed, NamedSharding(mesh, P("data", None)))
     children, aux = stock.tree_flatten()
     aux = {k: v for k, v in aux.items() if k != "rollout_config"}
     metadata = RolloutSamplingMetadata.tree_unflatten(
