@@ -100,7 +100,6 @@ FUNCTIONS: dict[str, tuple[str, ...]] = {
     "Engine.abort_request": ("self", "rid", "abort_all"),
     "TokenizerManager.generate_request": ("self", "obj", "request"),
     "TokenizerManager.abort_request": ("self", "rid", "abort_all"),
-    "ReqToTokenPool.__init__": ("self", "size"),
     "Req.finished": ("self",),
     "ForwardMode.is_extend": ("self",),
     "ForwardMode.is_decode": ("self",),

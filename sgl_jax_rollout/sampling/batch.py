@@ -224,13 +224,12 @@ def build_batch(
     given = None if keys is None else np.asarray(keys, np.uint32)
     if given is not None and given.shape != (rows, 2):
         raise ValueError(f"keys must have shape ({rows}, 2), got {given.shape}")
-    for i, o in enumerate(options):
-        if o is not None and o.seed is None and given is None:
-            raise ValueError(f"row {i} has no seed and no key was given")
+    unseeded = [i for i, o in enumerate(options) if o is not None and o.seed is None]
+    if unseeded and given is None:
+        raise ValueError(f"row {unseeded[0]} has no seed and no key was given")
     seeds = [0 if o is None or o.seed is None else o.seed for o in options]
     key_data = base_keys(seeds + [0] * pad)
-    if given is not None:
-        unseeded = [i for i, o in enumerate(options) if o is not None and o.seed is None]
+    if unseeded:
         key_data[unseeded] = given[unseeded]
 
     def column(field, dtype, fill):
