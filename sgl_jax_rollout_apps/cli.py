@@ -130,18 +130,28 @@ def _demo(args: argparse.Namespace) -> int:
             print(f"sgl-jax-rollout: error: demo --out: {err}", file=sys.stderr)
             return 2
 
-    config = DemoConfig(
-        algo=args.algo,
-        rollout=args.rollout,
-        steps=args.steps,
-        model_path=args.model_path,
-        out=args.out,
-        seed=args.seed,
-        tis_cap=args.tis_cap,
-        preset=args.preset,
-        lora_rank=args.lora_rank,
-        lora_alpha=args.lora_alpha,
-    )
+    try:
+        config = DemoConfig(
+            algo=args.algo,
+            rollout=args.rollout,
+            steps=args.steps,
+            model_path=args.model_path,
+            out=args.out,
+            seed=args.seed,
+            tis_cap=args.tis_cap,
+            is_correction=args.is_correction,
+            is_threshold=args.is_threshold,
+            is_threshold_lower=args.is_threshold_lower,
+            top_entropy_quantile=None if args.sweep else args.top_entropy_quantile,
+            preset=args.preset,
+            lora_rank=args.lora_rank,
+            lora_alpha=args.lora_alpha,
+        )
+    except ValueError as err:
+        print(f"sgl-jax-rollout: error: demo: {err}", file=sys.stderr)
+        return 2
+    if args.sweep:
+        return _sweep(config, args)
     history = run(config)
     first, last = history[0]["reward_mean"], history[-1]["reward_mean"]
     print(
@@ -149,6 +159,23 @@ def _demo(args: argparse.Namespace) -> int:
         f"{first:.3f} -> {last:.3f}, {history[-1]['compiles_after_warmup']} XLA compiles "
         f"after step 0; metrics in {args.out}/metrics.jsonl, plot in {args.out}/metrics.png"
     )
+    return 0
+
+
+def _sweep(config, args: argparse.Namespace) -> int:
+    from sgl_jax_rollout_apps import sweep
+    from tunix_adapter.forking import check_quantile
+
+    seeds = args.seeds or [args.seed]
+    rho = args.top_entropy_quantile if args.top_entropy_quantile is not None else 0.2
+    try:
+        check_quantile(rho)
+    except ValueError as err:
+        print(f"sgl-jax-rollout: error: demo --sweep: {err}", file=sys.stderr)
+        return 2
+    runs = sweep.run_sweep(config, seeds, rho)
+    print(json.dumps(sweep.summary(runs), indent=2))
+    print(f"curves in {args.out}/sweep.png, every step in {args.out}/sweep.jsonl")
     return 0
 
 
@@ -185,6 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
         DTYPES,
         LIKE_PRESETS,
     )
+    from tunix_adapter.off_policy import LEVELS, MODES
 
     parser = argparse.ArgumentParser(
         prog="sgl-jax-rollout",
@@ -212,7 +240,40 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=None,
         help="grpo / egpo: old policy = trainer, truncated importance sampling at this cap "
-        "(default: rollout logprobs as the old policy)",
+        "(default: rollout logprobs as the old policy); the same as --is-correction "
+        "token-truncate --is-threshold CAP",
+    )
+    demo.add_argument(
+        "--is-correction",
+        choices=[f"{level}-{mode}" for level in LEVELS for mode in MODES],
+        default=None,
+        help="grpo / egpo: old policy = trainer, off-policy correction of the rollout mismatch "
+        "(verl rollout_is level and mode, TRL vllm_importance_sampling_mode)",
+    )
+    demo.add_argument(
+        "--is-threshold", type=float, default=2.0, help="upper bound of the ratio (>= 1)"
+    )
+    demo.add_argument(
+        "--is-threshold-lower",
+        type=float,
+        default=None,
+        help="mask corrections: lower bound of the ratio, in [0, 1] (default 1 / upper)",
+    )
+    demo.add_argument(
+        "--top-entropy-quantile",
+        type=float,
+        default=None,
+        help="grpo / egpo: only the batch's top-rho tokens by rollout entropy (forking "
+        "tokens) carry the policy gradient; rho in (0, 1]",
+    )
+    demo.add_argument(
+        "--sweep",
+        action="store_true",
+        help="run GRPO, GRPO on forking tokens (rho = --top-entropy-quantile, default 0.2) and "
+        "EGPO for --steps each, per seed; curves of all in --out/sweep.png",
+    )
+    demo.add_argument(
+        "--seeds", type=int, nargs="+", default=None, help="--sweep: seeds (default: --seed)"
     )
     demo.add_argument(
         "--preset",

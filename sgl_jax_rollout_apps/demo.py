@@ -30,6 +30,9 @@ REPORTED = {
     "entropy_mean": "rollout/entropy_mean",
     "logp_diff_mean": "rollout/trainer_logp_abs_diff_mean",
     "logp_diff_max": "rollout/trainer_logp_abs_diff_max",
+    "zero_variance_group_frac": "rewards/zero_variance_group_frac",
+    "forking_kept_frac": "rollout/forking_kept_token_frac",
+    "is_weight_mean": "rollout_corr/rollout_is_mean",
 }
 # Sized for the demo's batches (16 samples x (prompt + 16 tokens)) on CPU; `--preset` replaces
 # them with the preset's.
@@ -77,6 +80,12 @@ class DemoConfig:
     max_tokens: int = 16
     learning_rate: float = 1e-3
     tis_cap: float | None = None  # GRPO / EGPO: TIS against the trainer instead of rollout-old
+    # GRPO / EGPO off-policy correction (`RolloutGRPOConfig.is_correction`), with the trainer
+    # as the old policy; `top_entropy_quantile`: forking tokens only carry the policy gradient.
+    is_correction: str | None = None
+    is_threshold: float = 2.0
+    is_threshold_lower: float | None = None
+    top_entropy_quantile: float | None = None
     engine_settings: Any = None
     preset: str | None = None  # a tpu_configs name: meshes and engine settings of that slice
     lora_rank: int = 0  # > 0: train qwix LoRA adapters of this rank on the actor
@@ -95,6 +104,32 @@ class DemoConfig:
             raise ValueError(f"lora_rank must be >= 0 (0: no LoRA), got {self.lora_rank}")
         if not (0 < self.learning_rate < 1):
             raise ValueError(f"learning_rate must be in (0, 1), got {self.learning_rate}")
+        grpo_only = ("tis_cap", "is_correction", "top_entropy_quantile")
+        for name in grpo_only:
+            if self.algo == "ppo" and getattr(self, name) is not None:
+                raise ValueError(f"{name} applies to grpo and egpo, not ppo")
+        if self.algo != "ppo":
+            self.algo_config()  # validates the GRPO settings before anything is built
+
+    def algo_config(self, think_ids: tuple[int | None, int | None] = (None, None)):
+        """The `RolloutGRPOConfig` of a grpo / egpo run: the trainer is the old policy when an
+        off-policy correction is asked for, else the rollout's logprobs are."""
+        from tunix_adapter.learners import RolloutGRPOConfig
+
+        corrected = self.tis_cap is not None or self.is_correction is not None
+        return RolloutGRPOConfig(
+            num_generations=self.num_generations,
+            beta=0.0,
+            advantage_estimator="egpo" if self.algo == "egpo" else "grpo",
+            use_rollout_logprobs=not corrected,
+            tis_cap=self.tis_cap,
+            is_correction=self.is_correction,
+            is_threshold=self.is_threshold,
+            is_threshold_lower=self.is_threshold_lower,
+            top_entropy_quantile=self.top_entropy_quantile,
+            think_start_id=think_ids[0],
+            think_end_id=think_ids[1],
+        )
 
 
 def prompts(count: int, seed: int) -> list[str]:
@@ -240,18 +275,9 @@ def _learner(config: DemoConfig, cluster, reward):
             reward_fns=[reward],
             metric_fns=[_ppo_rollout_metrics(cluster)],
         )
-    from tunix_adapter.learners import RolloutGRPOConfig, RolloutGRPOLearner
+    from tunix_adapter.learners import RolloutGRPOLearner
 
-    think = _think_ids(cluster)
-    algo = RolloutGRPOConfig(
-        num_generations=config.num_generations,
-        beta=0.0,
-        advantage_estimator="egpo" if config.algo == "egpo" else "grpo",
-        use_rollout_logprobs=config.tis_cap is None,
-        tis_cap=config.tis_cap,
-        think_start_id=think[0],
-        think_end_id=think[1],
-    )
+    algo = config.algo_config(_think_ids(cluster))
     return RolloutGRPOLearner(rl_cluster=cluster, algo_config=algo, reward_fns=[reward])
 
 

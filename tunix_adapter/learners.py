@@ -1,17 +1,21 @@
 """GRPO and EGPO on rollout logprobs and entropy: tunix's GRPO learner, extended.
 
-Owns `RolloutGRPOConfig` (tunix's `GRPOConfig` plus `use_rollout_logprobs`, `tis_cap`,
-`log_trainer_logprobs` and the EGPO settings) and `RolloutGRPOLearner`. The learner runs
-tunix's own `_generate_and_compute_advantage` on a `RolloutCluster`, then:
+Owns `RolloutGRPOConfig` (tunix's `GRPOConfig` plus the settings below) and
+`RolloutGRPOLearner`. The learner runs tunix's own `_generate_and_compute_advantage` on a
+`RolloutCluster`, then:
 
 - adds `rollout_logprobs` and `rollout_entropy` `[B, max_tokens_to_generate]` to the training
   example (float32, 0.0 outside the completion mask);
-- with `use_rollout_logprobs`, uses the rollout logprobs as the old policy's logprobs (no
-  trainer pass for them);
-- with `tis_cap`, computes the trainer's logprobs of the sampled tokens under the weights that
-  sampled them (tunix's anchor state) and sets tunix's `sampler_is_weights` to
-  `min(exp(trainer - rollout), tis_cap)` (truncated importance sampling, as in verl / TRL);
-- logs `rollout/entropy_*` and `rollout/trainer_logp_abs_diff_*` (`metrics.py`);
+- takes the old policy's logprobs from the rollout (`use_rollout_logprobs=True`, no trainer
+  pass) or from the trainer under the weights that sampled, at the rollout temperature
+  (`use_rollout_logprobs=False`). tunix 0.1.7 would score them with `rollout.
+  get_per_token_logps`, at temperature 1 while its loss tempers: the learner answers that call
+  itself (`_old_policy_logps`), so every path matches the loss's logprobs;
+- with `is_correction` (or its shorthand `tis_cap`), sets tunix's `sampler_is_weights` from
+  the trainer-vs-rollout ratio (`off_policy.py`); with `top_entropy_quantile`, zeroes them
+  outside the batch's highest-entropy tokens (`forking.py`);
+- logs the rollout entropy, the trainer/rollout mismatch, the correction's weights, the forking
+  share and the per-prompt group metrics (`metrics.py`);
 - for `advantage_estimator="egpo"`, hands the think-span entropy of every sample to the
   registered estimator (`egpo.py`) while tunix computes the advantages.
 """
@@ -25,13 +29,12 @@ import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Bool, Float
 
 from sgl_jax_rollout.rollout_inputs import right_pad_ids, right_pad_values
 from sgl_jax_rollout.tunix_compat import GRPOConfig, GRPOLearner, Mode, TrainExample
-from tunix_adapter import egpo
+from tunix_adapter import egpo, forking, metrics
 from tunix_adapter.cluster import RolloutCluster
-from tunix_adapter.metrics import rollout_metrics
+from tunix_adapter.off_policy import OffPolicyCorrection, correction_weights
 
 
 @flax.struct.dataclass(frozen=True)
@@ -42,10 +45,26 @@ class RolloutTrainExample(TrainExample):
 
 @dataclasses.dataclass(kw_only=True)
 class RolloutGRPOConfig(GRPOConfig):
-    """`GRPOConfig` plus: rollout logprobs as old logprobs, TIS, trainer metrics, EGPO."""
+    """`GRPOConfig` plus: the old policy's source, off-policy correction, forking tokens,
+    trainer metrics, group metrics, EGPO.
+
+    - `use_rollout_logprobs`: the rollout's logprobs are the old policy's (else the trainer's,
+      under the weights that sampled, at the rollout temperature).
+    - `is_correction`: `{token,sequence,geometric}-{truncate,mask}` (`off_policy.py`), with
+      `is_threshold` (upper bound, >= 1) and `is_threshold_lower` (mask only; default
+      1 / upper). `tis_cap=C` is `is_correction="token-truncate", is_threshold=C`.
+    - `top_entropy_quantile`: rho in (0, 1]; only the batch's top-rho completion tokens by
+      rollout entropy carry policy-gradient loss (the KL term keeps every token).
+    - `pass_threshold`: a sample passes (for `rewards/pass@k`) when its reward is >= this.
+    """
 
     use_rollout_logprobs: bool = True
+    is_correction: str | None = None
+    is_threshold: float = 2.0
+    is_threshold_lower: float | None = None
     tis_cap: float | None = None
+    top_entropy_quantile: float | None = None
+    pass_threshold: float = 1.0
     log_trainer_logprobs: bool = True
     egpo_lambda: float = 0.4
     egpo_alpha: float = 2.0
@@ -55,29 +74,49 @@ class RolloutGRPOConfig(GRPOConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.tis_cap is not None:
+            if self.is_correction is not None:
+                raise ValueError(
+                    f"tis_cap={self.tis_cap} is is_correction='token-truncate' with that "
+                    f"threshold; set one of them, not both (is_correction={self.is_correction!r})"
+                )
             if not np.isfinite(self.tis_cap) or self.tis_cap < 1.0:
                 raise ValueError(f"tis_cap must be >= 1.0 (or None), got {self.tis_cap}")
-            if self.use_rollout_logprobs:
-                raise ValueError(
-                    "tis_cap corrects the trainer-vs-rollout mismatch when the old policy is the "
-                    "trainer's; with use_rollout_logprobs=True the ratio already corrects it: "
-                    "set use_rollout_logprobs=False to use tis_cap"
-                )
+            self.is_correction, self.is_threshold = "token-truncate", self.tis_cap
+        correction = self.off_policy_correction()
+        if correction is not None and correction.mode == "truncate" and self.use_rollout_logprobs:
+            raise ValueError(
+                f"is_correction={correction.name!r} (or tis_cap) corrects the trainer-vs-rollout "
+                "mismatch when the old policy is the trainer's; with use_rollout_logprobs=True "
+                "the loss's ratio already carries it. Set use_rollout_logprobs=False, or use a "
+                "mask correction (with rollout logprobs it rejects outliers only)"
+            )
+        forking.check_quantile(self.top_entropy_quantile)
+        if not np.isfinite(self.pass_threshold):
+            raise ValueError(f"pass_threshold must be finite, got {self.pass_threshold}")
         self.egpo_settings()  # validates lambda, alpha and think ids
         self._map_onto_tunix_main()
+
+    def off_policy_correction(self) -> OffPolicyCorrection | None:
+        if self.is_correction is None:
+            return None
+        return OffPolicyCorrection.parse(
+            self.is_correction, self.is_threshold, self.is_threshold_lower
+        )
 
     def _map_onto_tunix_main(self) -> None:
         """tunix main's GRPO has its own rollout-logprob switches (`use_rollout_logps`, default
         True, and `sampler_is`): set them from ours, so tunix does what we do once and never
         twice (left at its defaults, it would take the rollout logprobs as old logprobs under
-        our `use_rollout_logprobs=False`, and `tis_cap` would correct a second time). Our TIS is
-        tunix main's `sampler_is="token"` with `sampler_is_threshold=tis_cap` (same formula);
-        we keep computing it ourselves so both tunix releases train the same way."""
+        our `use_rollout_logprobs=False`, and its TIS would correct a second time). tunix
+        main's `sampler_is="token"` with `sampler_is_threshold=C` is our
+        `is_correction="token-truncate", is_threshold=C` (same formula); we compute the
+        weights ourselves so both tunix releases train the same way."""
         names = {f.name for f in dataclasses.fields(self)}
         if "sampler_is" in names and self.sampler_is is not None:
             raise ValueError(
                 f"RolloutGRPOConfig: sampler_is={self.sampler_is!r} is tunix main's TIS; set "
-                "tis_cap (the same truncated weights, with use_rollout_logprobs=False) instead"
+                "is_correction='token-truncate' and is_threshold (with "
+                "use_rollout_logprobs=False) instead"
             )
         if "use_rollout_logps" in names:
             if not self.use_rollout_logps and self.use_rollout_logprobs:
@@ -96,17 +135,6 @@ class RolloutGRPOConfig(GRPOConfig):
         )
 
 
-def tis_weights(
-    trainer_logprobs: Float[np.ndarray, "b l"],
-    rollout_logprobs: Float[np.ndarray, "b l"],
-    completion_mask: Bool[np.ndarray, "b l"],
-    cap: float,
-) -> Float[np.ndarray, "b l"]:
-    """Truncated importance-sampling weights `min(exp(trainer - rollout), cap)`, 0 off-mask."""
-    ratio = np.exp(np.clip(trainer_logprobs - rollout_logprobs, -20.0, 20.0))
-    return np.where(completion_mask, np.minimum(ratio, cap), 0.0).astype(np.float32)
-
-
 class RolloutGRPOLearner(GRPOLearner):
     def __init__(self, rl_cluster: RolloutCluster, algo_config: RolloutGRPOConfig, **kwargs):
         if not isinstance(rl_cluster, RolloutCluster):
@@ -117,13 +145,18 @@ class RolloutGRPOLearner(GRPOLearner):
         if not isinstance(algo_config, RolloutGRPOConfig):
             raise TypeError("algo_config must be a RolloutGRPOConfig")
         super().__init__(rl_cluster=rl_cluster, algo_config=algo_config, **kwargs)
+        self._trainer_logps: np.ndarray | None = None
 
     def _compute_rewards(self, prompts, completions, mode, **kwargs):
         # Called by tunix between generation and the advantage estimator: the moment to hand
         # the estimator what it cannot receive from tunix (the rollout entropy, for EGPO).
         rewards = super()._compute_rewards(prompts, completions, mode, **kwargs)
-        if self.algo_config.advantage_estimator == "egpo":
-            settings = self.algo_config.egpo_settings()
+        cfg = self.algo_config
+        self.rl_cluster.buffer_metrics(
+            metrics.group_metrics(rewards, cfg.num_generations, cfg.pass_threshold), mode=mode
+        )
+        if cfg.advantage_estimator == "egpo":
+            settings = cfg.egpo_settings()
             ids, mask, _, entropy = self._rollout_arrays(mode)
             h = egpo.think_span_entropy(entropy, ids, mask, settings)
             self._estimator_inputs.enter_context(egpo.estimator_inputs(h, settings))
@@ -132,46 +165,96 @@ class RolloutGRPOLearner(GRPOLearner):
     def _generate_and_compute_advantage(
         self, training_input, mode: Mode = Mode.TRAIN
     ) -> RolloutTrainExample:
+        cfg = self.algo_config
+        if not self.should_sync_weights:  # the rollout samples with the actor's own weights
+            self.rl_cluster.snapshot_policy()
+        self._trainer_logps = None
         with contextlib.ExitStack() as self._estimator_inputs:
+            self._estimator_inputs.enter_context(self._answering_old_policy_calls(mode))
             example = super()._generate_and_compute_advantage(training_input, mode)
         ids, mask, logprobs, entropy = self._rollout_arrays(mode)
-        cfg = self.algo_config
+        correction = cfg.off_policy_correction()
+        if (cfg.use_rollout_logprobs or correction is not None) and logprobs is None:
+            raise ValueError(
+                "use_rollout_logprobs=True and is_correction need the rollout's logprobs: set "
+                "return_logprobs=True in the RolloutConfig"
+            )
         old = example.old_per_token_logps
         if cfg.use_rollout_logprobs:
-            if logprobs is None:
-                raise ValueError(
-                    "use_rollout_logprobs=True but the rollout returned no logprobs: set "
-                    "return_logprobs=True in the RolloutConfig"
-                )
             old = jnp.asarray(logprobs)
+        elif old is not None and self._trainer_logps is None:
+            # tunix main scored the old policy with the trainer itself (use_rollout_logps=False)
+            self._trainer_logps = np.asarray(old, np.float32)
         trainer = None
-        if cfg.tis_cap is not None or (cfg.log_trainer_logprobs and logprobs is not None):
-            if not self.should_sync_weights:  # the rollout sampled with the actor's own weights
-                self.rl_cluster.snapshot_policy()
-            trainer = np.asarray(
-                self.rl_cluster.get_actor_per_token_logps(
-                    prompt_tokens=example.prompt_ids,
-                    completion_tokens=example.completion_ids,
-                    pad_id=self.rl_cluster.rollout.pad_id(),
-                    eos_id=self.rl_cluster.rollout.eos_id(),
-                    micro_batch_size=self._compute_logps_micro_batch_size * cfg.num_generations,
-                ),
-                np.float32,
-            )
+        if correction is not None or (cfg.log_trainer_logprobs and logprobs is not None):
+            trainer = self._trainer_scores(example.prompt_ids, example.completion_ids)
         weights = example.sampler_is_weights
-        if cfg.tis_cap is not None:
-            if logprobs is None:
-                raise ValueError("tis_cap needs rollout logprobs: set return_logprobs=True")
-            weights = jnp.asarray(tis_weights(trainer, logprobs, mask, cfg.tis_cap))
-        self.rl_cluster.buffer_metrics(rollout_metrics(mask, entropy, logprobs, trainer), mode=mode)
+        batch_metrics = metrics.rollout_metrics(mask, entropy, logprobs, trainer)
+        if trainer is not None and logprobs is not None:
+            batch_metrics.update(metrics.mismatch_metrics(mask, logprobs, trainer))
+        if correction is not None:
+            weights = correction_weights(
+                trainer, logprobs, mask, correction, ratio_in_loss=cfg.use_rollout_logprobs
+            )
+            batch_metrics.update(
+                metrics.correction_metrics(mask, weights, logprobs, trainer, correction)
+            )
+        if cfg.top_entropy_quantile is not None:
+            kept, threshold = forking.top_entropy_mask(entropy, mask, cfg.top_entropy_quantile)
+            base = mask.astype(np.float32) if weights is None else np.asarray(weights)
+            weights = np.where(kept, base, 0.0).astype(np.float32)
+            batch_metrics.update(metrics.forking_metrics(kept, mask, threshold))
+        self.rl_cluster.buffer_metrics(batch_metrics, mode=mode)
         fields = {f.name: getattr(example, f.name) for f in dataclasses.fields(example)}
         fields.update(
             old_per_token_logps=old,
-            sampler_is_weights=weights,
+            sampler_is_weights=None if weights is None else jnp.asarray(weights),
             rollout_logprobs=None if logprobs is None else jnp.asarray(logprobs),
             rollout_entropy=jnp.asarray(entropy),
         )
         return RolloutTrainExample(**fields)
+
+    @contextlib.contextmanager
+    def _answering_old_policy_calls(self, mode: Mode):
+        """tunix 0.1.7 scores the old policy (`num_iterations > 1`) with the rollout engine at
+        temperature 1 (`RLCluster.get_old_per_token_logps`), while its loss tempers by the
+        rollout temperature: answer that call with the old policy's logprobs as the loss sees
+        them (the rollout's, or the trainer's under the sampling weights at that
+        temperature), so the first iteration's ratio is 1."""
+        cluster = self.rl_cluster
+
+        def old_policy_logps(prompt_tokens, completion_tokens, micro_batch_size=None):
+            del micro_batch_size
+            if self.algo_config.use_rollout_logprobs:
+                logprobs = self._rollout_arrays(mode)[2]
+                if logprobs is not None:
+                    return jnp.asarray(logprobs)
+            return jnp.asarray(self._trainer_scores(prompt_tokens, completion_tokens))
+
+        cluster.get_old_per_token_logps = old_policy_logps  # instance attribute, removed below
+        try:
+            yield
+        finally:
+            del cluster.get_old_per_token_logps
+
+    def _trainer_scores(self, prompt_ids, completion_ids) -> np.ndarray:
+        """The trainer's logprobs `[B, max_tokens]` of the sampled tokens under the weights that
+        sampled them (tunix's anchor state), at the rollout temperature; once per batch."""
+        if self._trainer_logps is None:
+            self._trainer_logps = np.asarray(
+                self.rl_cluster.get_actor_per_token_logps(
+                    prompt_tokens=prompt_ids,
+                    completion_tokens=completion_ids,
+                    pad_id=self.rl_cluster.rollout.pad_id(),
+                    eos_id=self.rl_cluster.rollout.eos_id(),
+                    micro_batch_size=(
+                        self._compute_logps_micro_batch_size * self.algo_config.num_generations
+                    ),
+                    temperature=self.algo_config.temperature,
+                ),
+                np.float32,
+            )
+        return self._trainer_logps
 
     def _rollout_arrays(self, mode: Mode):
         """(completion ids, mask, logprobs or None, entropy) `[B, max_tokens]` of the last

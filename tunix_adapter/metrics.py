@@ -1,16 +1,43 @@
-"""Rollout metrics of one training batch, in tunix's `buffer_metrics` shape.
+"""Metrics of one training batch, in tunix's `buffer_metrics` shape `{name: (value, agg)}`.
 
-Owns the names and the arithmetic: `rollout/entropy_mean|p50|p90|p99` over the completion
-tokens (padding never counts) and `rollout/trainer_logp_abs_diff_mean|max`, the distance
-between the rollout's logprobs and the trainer's recomputation on the same tokens.
+Owns the names and the arithmetic (float64, completion tokens only: padding never counts):
+
+- `rollout_metrics`: `rollout/entropy_mean|p50|p90|p99`, and with the trainer's logprobs of the
+  same tokens `rollout/trainer_logp_abs_diff_mean|max`;
+- `mismatch_metrics`: the rollout-vs-trainer mismatch under the names people already chart:
+  tunix main's `sampler_trainer/{logp_diff_mean,logp_diff_max,prob_diff_mean,prob_diff_max,
+  probs_pearson_corr}`, verl's `training/rollout_probs_diff_{mean,max,std}` and
+  `training/rollout_actor_probs_pearson_corr`, and verl's `rollout_corr/{kl,k3_kl,
+  training_ppl,training_log_ppl,rollout_ppl,rollout_log_ppl,log_ppl_diff,log_ppl_abs_diff,
+  log_ppl_diff_max,log_ppl_diff_min,ppl_ratio,chi2_token,chi2_seq}`;
+- `correction_metrics`: the applied off-policy weights, as verl (`rollout_corr/rollout_is_*`)
+  and tunix main (`sampler_is/{weight_mean,weight_max,frac_clipped_at_threshold}`) name them;
+- `group_metrics`: `rewards/pass@1`, `rewards/pass@{n}`, `rewards/mean@1`, `rewards/mean@{n}`,
+  `rewards/best@{n}` and `rewards/zero_variance_group_frac` over each prompt's n samples;
+- `forking_metrics`: `rollout/forking_kept_token_frac` and `rollout/forking_entropy_threshold`.
+
+Formulas follow the originals: verl's `compute_offpolicy_metrics`, `compute_is_metrics` and
+`calculate_debug_metrics` (population statistics except `rollout_probs_diff_std` and
+`rollout_is_seq_*`, which are torch's unbiased `std`), tunix main's
+`_sampler_trainer_agreement`; pass@k is the unbiased estimator of Chen et al. (2021).
 """
 
 from __future__ import annotations
 
+from math import comb
 from typing import Any
 
 import numpy as np
 from jaxtyping import Bool, Float
+
+from tunix_adapter.off_policy import (
+    LOG_RATIO_BOUND,
+    OffPolicyCorrection,
+    kept_by_bounds,
+    log_ratios,
+)
+
+Metrics = dict[str, tuple[float, Any]]
 
 
 def rollout_metrics(
@@ -18,11 +45,11 @@ def rollout_metrics(
     rollout_entropy: Float[np.ndarray, "b l"],
     rollout_logprobs: Float[np.ndarray, "b l"] | None = None,
     trainer_logprobs: Float[np.ndarray, "b l"] | None = None,
-) -> dict[str, tuple[float, Any]]:
-    """{name: (value, aggregation over micro-batches)} for `RLCluster.buffer_metrics`."""
+) -> Metrics:
+    """Entropy percentiles and the trainer/rollout logprob distance."""
     mask = np.asarray(completion_mask, bool)
     entropy = np.asarray(rollout_entropy, np.float64)[mask]
-    metrics: dict[str, tuple[float, Any]] = {}
+    metrics: Metrics = {}
     if entropy.size:
         metrics["rollout/entropy_mean"] = (float(entropy.mean()), np.mean)
         for q in (50, 90, 99):
@@ -34,3 +61,169 @@ def rollout_metrics(
         metrics["rollout/trainer_logp_abs_diff_mean"] = (float(diff.mean()), np.mean)
         metrics["rollout/trainer_logp_abs_diff_max"] = (float(diff.max()), np.max)
     return metrics
+
+
+def _pearson(x: np.ndarray, y: np.ndarray) -> float:
+    """Population Pearson correlation (0 where either side is constant)."""
+    dx, dy = x - x.mean(), y - y.mean()
+    denominator = np.sqrt((dx * dx).mean() * (dy * dy).mean())
+    return float((dx * dy).mean() / denominator) if denominator > 0 else 0.0
+
+
+def mismatch_metrics(
+    completion_mask: Bool[np.ndarray, "b l"],
+    rollout_logprobs: Float[np.ndarray, "b l"],
+    trainer_logprobs: Float[np.ndarray, "b l"],
+) -> Metrics:
+    """How far the rollout's logprobs are from the trainer's on the same tokens and weights."""
+    mask = np.asarray(completion_mask, bool)
+    if not mask.any():
+        return {}
+    rollout = np.where(mask, np.asarray(rollout_logprobs, np.float64), 0.0)
+    trainer = np.where(mask, np.asarray(trainer_logprobs, np.float64), 0.0)
+    logp_diff = np.abs(rollout - trainer)[mask]
+    p_rollout, p_trainer = np.exp(rollout[mask]), np.exp(trainer[mask])
+    prob_diff = np.abs(p_rollout - p_trainer)
+    pearson = _pearson(p_rollout, p_trainer)
+    metrics: Metrics = {
+        "sampler_trainer/logp_diff_mean": (float(logp_diff.mean()), np.mean),
+        "sampler_trainer/logp_diff_max": (float(logp_diff.max()), np.max),
+        "sampler_trainer/prob_diff_mean": (float(prob_diff.mean()), np.mean),
+        "sampler_trainer/prob_diff_max": (float(prob_diff.max()), np.max),
+        "sampler_trainer/probs_pearson_corr": (pearson, np.mean),
+        "training/rollout_probs_diff_mean": (float(prob_diff.mean()), np.mean),
+        "training/rollout_probs_diff_max": (float(prob_diff.max()), np.max),
+        "training/rollout_probs_diff_std": (
+            float(prob_diff.std(ddof=1)) if prob_diff.size > 1 else 0.0,
+            np.mean,
+        ),
+        "training/rollout_actor_probs_pearson_corr": (pearson, np.mean),
+    }
+    # verl's rollout_corr off-policy metrics: per-sequence means over sequences with tokens.
+    rows = mask.any(-1)
+    count = mask.sum(-1)[rows]
+    mean_trainer = trainer.sum(-1)[rows] / count
+    mean_rollout = rollout.sum(-1)[rows] / count
+    log_ratio = trainer - rollout
+    log_ppl_diff = mean_rollout - mean_trainer
+    seq_log_ratio = np.clip(log_ratio.sum(-1)[rows], -LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+    token_ratio = np.exp(np.clip(log_ratio[mask], -LOG_RATIO_BOUND, LOG_RATIO_BOUND))
+    metrics.update(
+        {
+            "rollout_corr/kl": (float((rollout - trainer)[mask].mean()), np.mean),
+            "rollout_corr/k3_kl": (
+                float((np.exp(log_ratio[mask]) - log_ratio[mask] - 1).mean()),
+                np.mean,
+            ),
+            "rollout_corr/training_ppl": (float(np.exp(-mean_trainer).mean()), np.mean),
+            "rollout_corr/training_log_ppl": (float((-mean_trainer).mean()), np.mean),
+            "rollout_corr/rollout_ppl": (float(np.exp(-mean_rollout).mean()), np.mean),
+            "rollout_corr/rollout_log_ppl": (float((-mean_rollout).mean()), np.mean),
+            "rollout_corr/log_ppl_diff": (float(log_ppl_diff.mean()), np.mean),
+            "rollout_corr/log_ppl_abs_diff": (float(np.abs(log_ppl_diff).mean()), np.mean),
+            "rollout_corr/log_ppl_diff_max": (float(log_ppl_diff.max()), np.max),
+            "rollout_corr/log_ppl_diff_min": (float(log_ppl_diff.min()), np.min),
+            "rollout_corr/ppl_ratio": (float(np.exp(log_ppl_diff).mean()), np.mean),
+            "rollout_corr/chi2_token": (float((token_ratio**2).mean() - 1.0), np.mean),
+            "rollout_corr/chi2_seq": (float(np.exp(2.0 * seq_log_ratio).mean() - 1.0), np.mean),
+        }
+    )
+    return metrics
+
+
+def correction_metrics(
+    completion_mask: Bool[np.ndarray, "b l"],
+    weights: Float[np.ndarray, "b l"],
+    rollout_logprobs: Float[np.ndarray, "b l"],
+    trainer_logprobs: Float[np.ndarray, "b l"],
+    correction: OffPolicyCorrection,
+) -> Metrics:
+    """Statistics of the applied weights and of the ratios outside the bounds."""
+    mask = np.asarray(completion_mask, bool)
+    if not mask.any():
+        return {}
+    applied = np.asarray(weights, np.float64)
+    on_mask = applied[mask]
+    high, low = kept_by_bounds(trainer_logprobs, rollout_logprobs, mask, correction)
+    rows = mask.any(-1)
+    if correction.level == "token":
+        extreme_max, extreme_min = on_mask.max(), on_mask.min()
+        frac_high, frac_low = high[mask].mean(), low[mask].mean()
+    else:  # one ratio per sequence: count sequences, as verl does
+        per_seq = log_ratios(trainer_logprobs, rollout_logprobs, mask, correction.level)
+        first = mask.argmax(-1)
+        seq_values = per_seq[np.arange(len(mask)), first][rows]
+        extreme_max = np.exp(min(seq_values.max(), LOG_RATIO_BOUND))
+        extreme_min = np.exp(seq_values.min())
+        frac_high = high.any(-1)[rows].mean()
+        frac_low = low.any(-1)[rows].mean()
+    clamped = np.clip(on_mask, 0.0, correction.upper)
+    std = np.sqrt(max((clamped**2).mean() - clamped.mean() ** 2, 0.0)) if on_mask.size > 1 else 0.0
+    normalised = clamped / (clamped.mean() + 1e-8)
+    ess = 1.0 / (normalised**2).mean() if clamped.any() else 0.0  # all rejected: no sample left
+    seq_mean = (np.where(mask, applied, 0.0).sum(-1) / np.maximum(mask.sum(-1), 1))[rows]
+    out_of_bounds = (high | low)[mask].mean()
+    metrics: Metrics = {
+        "rollout_corr/rollout_is_mean": (float(on_mask.mean()), np.mean),
+        "rollout_corr/rollout_is_max": (float(extreme_max), np.max),
+        "rollout_corr/rollout_is_min": (float(extreme_min), np.min),
+        "rollout_corr/rollout_is_std": (float(std), np.mean),
+        "rollout_corr/rollout_is_eff_sample_size": (float(ess), np.mean),
+        "rollout_corr/rollout_is_ratio_fraction_high": (float(frac_high), np.mean),
+        "rollout_corr/rollout_is_ratio_fraction_low": (float(frac_low), np.mean),
+        "rollout_corr/rollout_is_seq_mean": (float(seq_mean.mean()), np.mean),
+        "rollout_corr/rollout_is_seq_std": (
+            float(seq_mean.std(ddof=1)) if seq_mean.size > 1 else 0.0,
+            np.mean,
+        ),
+        "sampler_is/weight_mean": (float(on_mask.mean()), np.mean),
+        "sampler_is/weight_max": (float(on_mask.max()), np.max),
+        "sampler_is/frac_clipped_at_threshold": (
+            float(high[mask].mean() if correction.mode == "truncate" else out_of_bounds),
+            np.mean,
+        ),
+    }
+    if correction.mode == "mask":
+        metrics["rollout_corr/rollout_is_oob_ratio"] = (float(out_of_bounds), np.mean)
+    return metrics
+
+
+def pass_at_k(successes: int, n: int, k: int) -> float:
+    """Unbiased pass@k of a group with `successes` of `n` samples passing (Chen et al. 2021)."""
+    if n - successes < k:
+        return 1.0
+    return 1.0 - comb(n - successes, k) / comb(n, k)
+
+
+def group_metrics(
+    rewards: Float[np.ndarray, " b"], num_generations: int, pass_threshold: float
+) -> Metrics:
+    """Per-prompt group statistics of one batch (samples of a prompt are adjacent)."""
+    values = np.asarray(rewards, np.float64).reshape(-1, num_generations)
+    n = num_generations
+    passed = (values >= pass_threshold).sum(-1)
+    mean = float(values.mean())
+    return {
+        "rewards/pass@1": (float(np.mean([pass_at_k(c, n, 1) for c in passed])), np.mean),
+        f"rewards/pass@{n}": (float(np.mean([pass_at_k(c, n, n) for c in passed])), np.mean),
+        # The expected mean reward of k samples is the group mean for every k.
+        "rewards/mean@1": (mean, np.mean),
+        f"rewards/mean@{n}": (mean, np.mean),
+        f"rewards/best@{n}": (float(values.max(-1).mean()), np.mean),
+        "rewards/zero_variance_group_frac": (
+            float((values.max(-1) == values.min(-1)).mean()),
+            np.mean,
+        ),
+    }
+
+
+def forking_metrics(
+    kept: Bool[np.ndarray, "b l"], completion_mask: Bool[np.ndarray, "b l"], threshold: float
+) -> Metrics:
+    mask = np.asarray(completion_mask, bool)
+    if not mask.any():
+        return {}
+    return {
+        "rollout/forking_kept_token_frac": (float(np.asarray(kept)[mask].mean()), np.mean),
+        "rollout/forking_entropy_threshold": (threshold, np.mean),
+    }

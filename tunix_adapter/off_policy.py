@@ -1,0 +1,156 @@
+"""Off-policy correction of a rollout batch: importance weights and rejection masks.
+
+Owns `OffPolicyCorrection` (which ratio, truncated or masked, its bounds; validated) and
+`correction_weights`, the per-token factors the learner hands tunix's GRPO loss as
+`sampler_is_weights` (the loss multiplies each token's clipped policy-gradient term by it
+before aggregation; the KL term never sees it).
+
+The ratio is the trainer's probability of each sampled token under the weights that sampled it
+over the rollout's, `rho_t = exp(trainer_t - rollout_t)`, on completion tokens only. Levels:
+
+- `token`: `rho_t` per token (verl `rollout_is: token`, TRL `token_*`);
+- `sequence`: `prod_t rho_t` of the sequence, for every token of it (verl `sequence`, TRL
+  `sequence_*`, NeMo-RL's sequence-level ratio);
+- `geometric`: `exp(mean_t log rho_t)`, the per-token geometric mean (verl `geometric`, SkyRL's
+  geometric-mean sequence mask).
+
+Modes, with the trainer as the old policy (`use_rollout_logprobs=False`, decoupled PPO):
+
+- `truncate`: `min(r, upper)` (TIS; verl `rollout_is_mode: truncate`, TRL `*_truncate`);
+- `mask`: `r` inside `[lower, upper]`, 0 outside (IcePop; verl `mask`, TRL `*_mask` with a lower
+  bound as well).
+
+With the rollout's logprobs as the old policy (`use_rollout_logprobs=True`) tunix's PPO ratio
+already is `pi_theta / pi_rollout`, so it already carries `r`: `mask` then only rejects (1
+inside the bounds, 0 outside; verl's rejection sampling in bypass mode) and `truncate` is refused
+(it would correct twice).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+import numpy as np
+from jaxtyping import Bool, Float
+
+LEVELS = ("token", "sequence", "geometric")
+MODES = ("truncate", "mask")
+# exp() argument bound (verl's SAFETY_BOUND, tunix's +-20 clip of the log ratio).
+LOG_RATIO_BOUND = 20.0
+
+
+@dataclasses.dataclass(frozen=True)
+class OffPolicyCorrection:
+    level: Literal["token", "sequence", "geometric"] = "token"
+    mode: Literal["truncate", "mask"] = "truncate"
+    upper: float = 2.0
+    lower: float | None = None  # mask only; None: 1 / upper (verl's default)
+
+    def __post_init__(self) -> None:
+        if self.level not in LEVELS:
+            raise ValueError(f"is_correction level must be one of {LEVELS}, got {self.level!r}")
+        if self.mode not in MODES:
+            raise ValueError(f"is_correction mode must be one of {MODES}, got {self.mode!r}")
+        if not np.isfinite(self.upper) or self.upper < 1.0:
+            raise ValueError(f"is_threshold must be a finite number >= 1.0, got {self.upper}")
+        if self.lower is not None:
+            if self.mode != "mask":
+                raise ValueError(
+                    "is_threshold_lower only applies to a mask correction (truncate caps above "
+                    f"only), got is_correction={self.name!r}"
+                )
+            if not 0.0 <= self.lower <= 1.0:
+                raise ValueError(f"is_threshold_lower must be in [0, 1], got {self.lower}")
+
+    @classmethod
+    def parse(cls, name: str, upper: float = 2.0, lower: float | None = None):
+        """From `level-mode` (`sequence-mask`; TRL's `sequence_mask` spelling too)."""
+        parts = str(name).replace("_", "-").split("-")
+        choices = [f"{level}-{mode}" for level in LEVELS for mode in MODES]
+        if len(parts) != 2 or parts[0] not in LEVELS or parts[1] not in MODES:
+            raise ValueError(f"is_correction must be one of {choices}, got {name!r}")
+        return cls(level=parts[0], mode=parts[1], upper=upper, lower=lower)
+
+    @property
+    def name(self) -> str:
+        return f"{self.level}-{self.mode}"
+
+    @property
+    def lower_bound(self) -> float:
+        return 1.0 / self.upper if self.lower is None else self.lower
+
+
+def log_ratios(
+    trainer_logprobs: Float[np.ndarray, "b l"],
+    rollout_logprobs: Float[np.ndarray, "b l"],
+    completion_mask: Bool[np.ndarray, "b l"],
+    level: str,
+) -> Float[np.ndarray, "b l"]:
+    """`log r` of each completion token at `level` (float64, 0 off the mask)."""
+    mask = np.asarray(completion_mask, bool)
+    delta = np.where(
+        mask, np.asarray(trainer_logprobs, np.float64) - np.asarray(rollout_logprobs, np.float64), 0
+    )
+    if level == "token":
+        per_token = delta
+    elif level == "sequence":
+        per_token = np.broadcast_to(delta.sum(-1, keepdims=True), delta.shape)
+    elif level == "geometric":
+        count = np.maximum(mask.sum(-1, keepdims=True), 1)
+        per_token = np.broadcast_to(delta.sum(-1, keepdims=True) / count, delta.shape)
+    else:
+        raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
+    return np.where(mask, per_token, 0.0)
+
+
+def correction_weights(
+    trainer_logprobs: Float[np.ndarray, "b l"],
+    rollout_logprobs: Float[np.ndarray, "b l"],
+    completion_mask: Bool[np.ndarray, "b l"],
+    correction: OffPolicyCorrection,
+    ratio_in_loss: bool,
+) -> Float[np.ndarray, "b l"]:
+    """The per-token factors of `correction` (float32, 0 off the mask).
+
+    `ratio_in_loss`: the loss's PPO ratio is taken against the rollout's logprobs, so it
+    already carries the ratio; a mask then rejects only and a truncation is refused.
+    """
+    mask = np.asarray(completion_mask, bool)
+    ratio = np.exp(
+        np.clip(
+            log_ratios(trainer_logprobs, rollout_logprobs, mask, correction.level),
+            -LOG_RATIO_BOUND,
+            LOG_RATIO_BOUND,
+        )
+    )
+    if correction.mode == "truncate":
+        if ratio_in_loss:
+            raise ValueError(
+                f"is_correction={correction.name!r} with use_rollout_logprobs=True would correct "
+                "twice: the loss's ratio is already taken against the rollout's logprobs. Use "
+                "a mask correction, or use_rollout_logprobs=False (the trainer as old policy)"
+            )
+        weights = np.minimum(ratio, correction.upper)
+    else:
+        kept = (ratio >= correction.lower_bound) & (ratio <= correction.upper)
+        weights = np.where(kept, 1.0 if ratio_in_loss else ratio, 0.0)
+    return np.where(mask, weights, 0.0).astype(np.float32)
+
+
+def kept_by_bounds(
+    trainer_logprobs: Float[np.ndarray, "b l"],
+    rollout_logprobs: Float[np.ndarray, "b l"],
+    completion_mask: Bool[np.ndarray, "b l"],
+    correction: OffPolicyCorrection,
+) -> tuple[Bool[np.ndarray, "b l"], Bool[np.ndarray, "b l"]]:
+    """(ratio above `upper`, ratio below the lower bound) per completion token."""
+    mask = np.asarray(completion_mask, bool)
+    log_r = log_ratios(trainer_logprobs, rollout_logprobs, mask, correction.level)
+    high = mask & (log_r > np.log(correction.upper))
+    low = (
+        mask & (log_r < np.log(correction.lower_bound))
+        if correction.lower_bound > 0
+        else mask & False
+    )
+    return high, low
