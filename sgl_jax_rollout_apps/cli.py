@@ -138,6 +138,8 @@ def _demo(args: argparse.Namespace) -> int:
             model_path=args.model_path,
             out=args.out,
             seed=args.seed,
+            temperature=args.temperature,
+            num_iterations=args.num_iterations,
             tis_cap=args.tis_cap,
             is_correction=args.is_correction,
             is_threshold=args.is_threshold,
@@ -235,6 +237,14 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--model-path", default=None, help="HF model dir (default: tiny model)")
     demo.add_argument("--out", default="demo_out", help="output directory (default: demo_out)")
     demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--temperature", type=float, default=1.0, help="rollout temperature")
+    demo.add_argument(
+        "--num-iterations",
+        type=int,
+        default=1,
+        help="optimizer passes over each batch (grpo / egpo, > 1: the old policy's logprobs "
+        "come from the rollout, or from the trainer with an off-policy correction)",
+    )
     demo.add_argument(
         "--tis-cap",
         type=float,

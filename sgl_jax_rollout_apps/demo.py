@@ -79,6 +79,8 @@ class DemoConfig:
     num_generations: int = 4
     max_tokens: int = 16
     learning_rate: float = 1e-3
+    temperature: float = 1.0
+    num_iterations: int = 1  # optimizer passes over each batch
     tis_cap: float | None = None  # GRPO / EGPO: TIS against the trainer instead of rollout-old
     # GRPO / EGPO off-policy correction (`RolloutGRPOConfig.is_correction`), with the trainer
     # as the old policy; `top_entropy_quantile`: forking tokens only carry the policy gradient.
@@ -95,7 +97,9 @@ class DemoConfig:
     def __post_init__(self) -> None:
         if self.algo not in ALGOS:
             raise ValueError(f"algo must be one of {ALGOS}, got {self.algo!r}")
-        for name in ("steps", "prompts_per_step", "max_tokens"):
+        if not (0 < self.temperature <= 2):
+            raise ValueError(f"temperature must be in (0, 2], got {self.temperature}")
+        for name in ("steps", "prompts_per_step", "max_tokens", "num_iterations"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.num_generations < 2:
@@ -119,6 +123,7 @@ class DemoConfig:
         corrected = self.tis_cap is not None or self.is_correction is not None
         return RolloutGRPOConfig(
             num_generations=self.num_generations,
+            num_iterations=self.num_iterations,
             beta=0.0,
             advantage_estimator="egpo" if self.algo == "egpo" else "grpo",
             use_rollout_logprobs=not corrected,
@@ -172,7 +177,7 @@ def build(config: DemoConfig):
     rollout_config = RolloutConfig(
         max_tokens_to_generate=config.max_tokens,
         max_prompt_length=16,
-        temperature=1.0,
+        temperature=config.temperature,
         top_p=1.0,  # not None: tunix's vanilla sampler is greedy when top_p is None
         top_k=None,
         seed=config.seed,
@@ -271,7 +276,7 @@ def _learner(config: DemoConfig, cluster, reward):
 
         return ppo_learner(
             cluster,
-            PPOConfig(beta=0.0, entropy_coef=None),
+            PPOConfig(beta=0.0, entropy_coef=None, num_iterations=config.num_iterations),
             reward_fns=[reward],
             metric_fns=[_ppo_rollout_metrics(cluster)],
         )
