@@ -12,6 +12,7 @@ soak finds a bad completion or memory growth).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import sys
@@ -141,10 +142,7 @@ def _demo(args: argparse.Namespace) -> int:
             temperature=args.temperature,
             num_iterations=args.num_iterations,
             tis_cap=args.tis_cap,
-            is_correction=args.is_correction,
-            is_threshold=args.is_threshold,
-            is_threshold_lower=args.is_threshold_lower,
-            top_entropy_quantile=None if args.sweep else args.top_entropy_quantile,
+            **_variant_fields(args),
             preset=args.preset,
             lora_rank=args.lora_rank,
             lora_alpha=args.lora_alpha,
@@ -153,7 +151,7 @@ def _demo(args: argparse.Namespace) -> int:
         print(f"sgl-jax-rollout: error: demo: {err}", file=sys.stderr)
         return 2
     if args.sweep:
-        return _sweep(config, args)
+        return _sweep(dataclasses.replace(config, top_entropy_quantile=None), args)
     history = run(config)
     first, last = history[0]["reward_mean"], history[-1]["reward_mean"]
     print(
@@ -184,15 +182,16 @@ def _sweep(config, args: argparse.Namespace) -> int:
 def _compare(args: argparse.Namespace) -> int:
     from sgl_jax_rollout_apps import compare
 
-    config = compare.CompareConfig(
-        against=args.against,
-        model_path=args.model_path,
-        preset=args.preset,
-        out=args.out,
-        steps=args.steps,
-        seed=args.seed,
-    )
     try:
+        config = compare.CompareConfig(
+            against=args.against,
+            model_path=args.model_path,
+            preset=args.preset,
+            out=args.out,
+            steps=args.steps,
+            seed=args.seed,
+            grpo_variant=_variant_fields(args),
+        )
         compare.check_available(config)
         if config.preset:
             import tpu_configs
@@ -207,6 +206,52 @@ def _compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_variant_flags(parser: argparse.ArgumentParser) -> None:
+    """The GRPO / EGPO variant flags shared by `demo` and `compare`."""
+    from tunix_adapter.off_policy import LEVELS, MODES
+
+    parser.add_argument(
+        "--is-correction",
+        choices=[f"{level}-{mode}" for level in LEVELS for mode in MODES],
+        default=None,
+        help="grpo / egpo: old policy = trainer, off-policy correction of the rollout mismatch "
+        "(verl rollout_is level and mode, TRL vllm_importance_sampling_mode)",
+    )
+    parser.add_argument(
+        "--is-threshold",
+        type=float,
+        default=None,
+        help="upper bound of the ratio, >= 1 (default 2)",
+    )
+    parser.add_argument(
+        "--is-threshold-lower",
+        type=float,
+        default=None,
+        help="mask corrections: lower bound of the ratio, in [0, 1] (default 1 / upper)",
+    )
+    parser.add_argument(
+        "--top-entropy-quantile",
+        type=float,
+        default=None,
+        help="grpo / egpo: only the batch's top-rho tokens by rollout entropy (forking "
+        "tokens) carry the policy gradient; rho in (0, 1]",
+    )
+
+
+def _variant_fields(args: argparse.Namespace) -> dict:
+    """The `DemoConfig` fields the variant flags set (the bounds only with a correction)."""
+    fields = {"top_entropy_quantile": args.top_entropy_quantile}
+    if args.is_correction is not None:
+        fields.update(
+            is_correction=args.is_correction,
+            is_threshold=args.is_threshold,
+            is_threshold_lower=args.is_threshold_lower,
+        )
+    elif args.is_threshold_lower is not None or args.is_threshold is not None:
+        raise ValueError("--is-threshold and --is-threshold-lower need --is-correction")
+    return {name: value for name, value in fields.items() if value is not None}
+
+
 def build_parser() -> argparse.ArgumentParser:
     from sgl_jax_rollout.tiny_model.builder import (
         ARCHITECTURES,
@@ -214,7 +259,6 @@ def build_parser() -> argparse.ArgumentParser:
         DTYPES,
         LIKE_PRESETS,
     )
-    from tunix_adapter.off_policy import LEVELS, MODES
 
     parser = argparse.ArgumentParser(
         prog="sgl-jax-rollout",
@@ -253,29 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: rollout logprobs as the old policy); the same as --is-correction "
         "token-truncate --is-threshold CAP",
     )
-    demo.add_argument(
-        "--is-correction",
-        choices=[f"{level}-{mode}" for level in LEVELS for mode in MODES],
-        default=None,
-        help="grpo / egpo: old policy = trainer, off-policy correction of the rollout mismatch "
-        "(verl rollout_is level and mode, TRL vllm_importance_sampling_mode)",
-    )
-    demo.add_argument(
-        "--is-threshold", type=float, default=2.0, help="upper bound of the ratio (>= 1)"
-    )
-    demo.add_argument(
-        "--is-threshold-lower",
-        type=float,
-        default=None,
-        help="mask corrections: lower bound of the ratio, in [0, 1] (default 1 / upper)",
-    )
-    demo.add_argument(
-        "--top-entropy-quantile",
-        type=float,
-        default=None,
-        help="grpo / egpo: only the batch's top-rho tokens by rollout entropy (forking "
-        "tokens) carry the policy gradient; rho in (0, 1]",
-    )
+    _add_variant_flags(demo)
     demo.add_argument(
         "--sweep",
         action="store_true",
@@ -337,6 +359,7 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--out", default="compare_out", help="directory for the report")
     comp.add_argument("--steps", type=int, default=5, help="GRPO steps per rollout (>= 1)")
     comp.add_argument("--seed", type=int, default=0)
+    _add_variant_flags(comp)
     comp.set_defaults(func=_compare)
 
     tiny = sub.add_parser(

@@ -58,8 +58,11 @@ class CompareConfig:
     runs: int = 3
     seed: int = 0
     show_progress: bool = True
+    # DemoConfig fields of the GRPO runs (off-policy correction, forking tokens), both rollouts
+    grpo_variant: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        self.demo_config("sglang_jax")  # validates the GRPO variant before anything is built
         if self.against not in AGAINST:
             raise ValueError(f"against must be one of {AGAINST}, got {self.against!r}")
         for name in ("steps", "prompts", "max_tokens", "tv_prompts", "tv_positions"):
@@ -69,6 +72,19 @@ class CompareConfig:
             raise ValueError(f"tv_samples must be an even number >= 16, got {self.tv_samples}")
         if self.runs < 3:
             raise ValueError(f"runs must be >= 3 (a median of timed runs), got {self.runs}")
+
+    def demo_config(self, rollout: str):
+        from sgl_jax_rollout_apps import demo
+
+        return demo.DemoConfig(
+            rollout=rollout,
+            steps=self.steps,
+            model_path=self.model_path,
+            seed=self.seed,
+            show_progress=self.show_progress,
+            preset=self.preset,
+            **self.grpo_variant,
+        )
 
 
 def check_available(config: CompareConfig) -> None:
@@ -291,27 +307,27 @@ def _grpo(config: CompareConfig, out: Path) -> dict[str, Any]:
     histories = {}
     rollouts = ("vanilla", "sglang_jax") if config.against == "vanilla" else ("sglang_jax",)
     for name in rollouts:
-        demo_config = demo.DemoConfig(
-            rollout=name,
-            steps=config.steps,
-            model_path=config.model_path,
-            seed=config.seed,
-            show_progress=config.show_progress,
-            preset=config.preset,
-        )
+        demo_config = config.demo_config(name)
         cluster, learner = demo.build(demo_config)
         histories[name] = demo.train(demo_config, cluster, learner)
     reward_and_entropy(
         histories,
         out / "compare.png",
-        "GRPO, same seed and reward: sglang_jax vs the other rollout",
+        f"GRPO{_variant_title(config.grpo_variant)}, same seed and reward: sglang_jax vs the "
+        "other rollout",
     )
     return {
         "steps": config.steps,
+        "variant": {k: v for k, v in config.grpo_variant.items() if v is not None},
         "final_reward": {k: h[-1]["reward_mean"] for k, h in histories.items()},
         "reward": {k: [r["reward_mean"] for r in h] for k, h in histories.items()},
         "entropy": {k: [r.get("entropy_mean", math.nan) for r in h] for k, h in histories.items()},
     }
+
+
+def _variant_title(variant: dict[str, Any]) -> str:
+    named = [f"{k}={v}" for k, v in variant.items() if v is not None]
+    return f" ({', '.join(named)})" if named else ""
 
 
 def table(report: dict[str, Any]) -> str:
