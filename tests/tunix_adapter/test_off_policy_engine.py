@@ -31,8 +31,14 @@ VARIANTS = [
     {"use_rollout_logprobs": True, "is_correction": "sequence-mask", "is_threshold": 1.5},
     {"use_rollout_logprobs": True, "top_entropy_quantile": 0.2},
     {"use_rollout_logprobs": False, "is_correction": "token-truncate", "top_entropy_quantile": 0.5},
+    {"use_rollout_logprobs": True, "advantage_estimator": "egpo", "top_entropy_quantile": 0.2},
 ]
-DEFAULTS = {"is_correction": None, "is_threshold": 2.0, "top_entropy_quantile": None}
+DEFAULTS = {
+    "is_correction": None,
+    "is_threshold": 2.0,
+    "top_entropy_quantile": None,
+    "advantage_estimator": "grpo",
+}
 
 
 def loss_logprobs(cluster, example) -> np.ndarray:
