@@ -34,8 +34,8 @@ from sgl_jax_rollout.engine.rows import RequestSpec
 class StepValues:
     """Host copies of the sampler's per-row outputs for one step (rows in request order)."""
 
-    logprobs: np.ndarray | None
-    entropy: np.ndarray | None
+    logprobs: Sequence[float] | np.ndarray | None
+    entropy: Sequence[float] | np.ndarray | None
     top_logprob_ids: np.ndarray | None = None
     top_logprobs: np.ndarray | None = None
 
@@ -131,6 +131,12 @@ class Collector:
             }
 
     # Scheduler side.
+    def registered(self, rids: Iterable[str]) -> list[bool]:
+        """Which of `rids` are requests we submitted and still hold (running, or finished and
+        not yet taken)."""
+        with self._lock:
+            return [rid in self._specs or rid in self._done for rid in rids]
+
     def spec_for(self, rid: str) -> RequestSpec | None:
         with self._lock:
             return self._specs.get(rid)

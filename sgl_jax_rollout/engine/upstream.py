@@ -80,6 +80,9 @@ FUNCTIONS: dict[str, tuple[str, ...]] = {
     "Scheduler.watchdog_thread": ("self",),
     "DetokenizerManager.handle_batch_token_id_out": ("self", "recv_obj"),
     "ModelWorker.run_precompile": ("self",),
+    "ModelWorker._materialize_logprobs_to_host": (
+        *("self", "logits_output", "model_worker_batch", "selector"),
+    ),
     "ModelRunner.sample": ("self", "logits_output", "sampling_metadata"),
     "ModelRunner.initialize_jit": ("self",),
     "ModelWorkerClient.resolve_last_batch_result": ("self", "launch_done"),
@@ -131,7 +134,7 @@ ATTRIBUTES: dict[str, tuple[str, ...]] = {
     ),
     "ReqToTokenPool": ("size",),
     "DetokenizerManager": ("decode_status",),
-    "BatchTokenIDOut": ("rids", "finished_reasons"),
+    "BatchTokenIDOut": ("rids", "finished_reasons", "decode_ids"),
     "Req": (
         *("rid", "origin_input_ids", "output_ids", "output_ids_through_stop", "req_pool_idx"),
         *("sampling_params", "finished_reason", "to_finish"),

@@ -128,3 +128,14 @@ def test_values_not_asked_for_are_none():
     step(c, [r], [4], [-1.0], [0.3])
     done = c.take("r")
     assert done.tokens == [4] and done.logprobs is None and done.entropy is None
+
+
+def test_registered_tells_our_requests_until_they_are_taken():
+    c = Collector()
+    c.register("a", spec())
+    c.register("b", spec())
+    b = FakeReq("b", finished_reason=Reason())
+    step(c, [b], [5], [-0.5], [1.0])  # b finishes: its completion waits to be taken
+    assert c.registered(["a", "b", "x"]) == [True, True, False]
+    c.take("b")
+    assert c.registered(["a", "b"]) == [True, False]

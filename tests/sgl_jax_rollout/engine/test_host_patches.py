@@ -1,0 +1,76 @@
+"""Two host-work patches around upstream calls, driven with test doubles of the upstream side
+(a stub `original` that records what upstream would receive, and a stub detokenizer holding
+only `decode_status`): the code under test is our wrapper; the live engine runs both in every
+engine test (tokens, logprobs and entropy there are checked against the trainer)."""
+
+from __future__ import annotations
+
+import types
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.engine  # needs sgl-jax importable (no engine is started)
+
+
+@pytest.fixture()
+def hooks():
+    from sgl_jax_rollout.engine import patches
+    from sgl_jax_rollout.engine.collector import Collector
+
+    active = patches.EngineHooks(collector=Collector(), valid_vocab_size=None)
+    patches.activate(active, wait_s=0)
+    yield active
+    patches.deactivate(active)
+
+
+def test_the_detokenizer_gets_only_the_last_id_of_our_requests(hooks):
+    from sgl_jax_rollout.engine import patches
+    from sgl_jax_rollout.engine.rows import RequestSpec
+    from sgl_jax_rollout.sampling.options import SamplingOptions
+
+    hooks.collector.register("ours-running", RequestSpec(SamplingOptions(seed=0)))
+    hooks.collector.register("ours-done", RequestSpec(SamplingOptions(seed=1)))
+    hooks.collector._done["ours-done"] = hooks.collector._specs.pop("ours-done")  # finished
+    detokenizer = types.SimpleNamespace(decode_status={"old": "state"})
+    recv = types.SimpleNamespace(
+        rids=["ours-running", "ours-done", "theirs"],
+        decode_ids=[[1, 2, 3], [4, 5, 6, 7], [8, 9]],
+        finished_reasons=[None, {"type": "stop", "matched": 7}, {"type": "length"}],
+    )
+    seen = {}
+
+    def original(self, recv_obj):
+        seen["decode_ids"] = [list(ids) for ids in recv_obj.decode_ids]
+        for rid in recv_obj.rids:
+            self.decode_status[rid] = "state"
+        return "out"
+
+    assert patches._detokenize(original, detokenizer, recv) == "out"
+    # ours: the last id only (stop trimming needs one); theirs: untouched
+    assert seen["decode_ids"] == [[3], [7], [8, 9]]
+    # finished requests' states are dropped, running ones kept
+    assert set(detokenizer.decode_status) == {"old", "ours-running"}
+    assert hooks.detokenizer_states == 2
+
+
+def test_our_outputs_come_to_the_host_with_upstreams_logprobs():
+    from sgl_jax_rollout.engine import patches
+    from sgl_jax_rollout.engine.sampler_module import RolloutLogitsOutput
+
+    out = RolloutLogitsOutput(next_token_logits=jnp.zeros((4, 8)))
+    out.next_token_logprobs = jnp.array([-1.0, -2.0, -3.0, -4.0])
+    out.rollout_entropy = jnp.array([0.5, 1.5, 2.5, 3.5])
+    seen = {}
+
+    def original(self, logits_output, model_worker_batch, selector):
+        seen.update(
+            logprobs=logits_output.next_token_logprobs, entropy=logits_output.rollout_entropy
+        )
+
+    patches._one_transfer(original, None, out, None, np.arange(4))
+    assert isinstance(seen["logprobs"], np.ndarray) and isinstance(seen["entropy"], np.ndarray)
+    np.testing.assert_array_equal(seen["entropy"], [0.5, 1.5, 2.5, 3.5])
+    np.testing.assert_array_equal(seen["logprobs"], [-1.0, -2.0, -3.0, -4.0])
+    assert out.rollout_top_logprobs is None
