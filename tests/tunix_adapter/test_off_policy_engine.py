@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from sgl_jax_rollout_apps import demo
-from tests.conftest import TEST_SETTINGS
+from tests.tunix_adapter.training_helpers import engine_config
 
 pytestmark = pytest.mark.engine
 
@@ -65,11 +65,8 @@ def test_every_old_policy_path_and_correction_variant_in_grpo_steps(tiny_dir):
     from tunix_adapter.learners import RolloutGRPOConfig
     from tunix_adapter.off_policy import correction_weights
 
-    config = demo.DemoConfig(
-        rollout="sglang_jax",
-        model_path=str(tiny_dir),
-        engine_settings=TEST_SETTINGS,
-        show_progress=False,
+    config = engine_config(
+        tiny_dir,
         algo="grpo",
         steps=2 * len(VARIANTS),  # num_iterations=2: two optimizer steps per batch
         prompts_per_step=2,
@@ -152,11 +149,8 @@ def test_every_old_policy_path_and_correction_variant_in_grpo_steps(tiny_dir):
 def test_sweep_runs_grpo_forking_and_egpo_and_plots_them(tiny_dir, tmp_path):
     from sgl_jax_rollout_apps import sweep
 
-    base = demo.DemoConfig(
-        rollout="sglang_jax",
-        model_path=str(tiny_dir),
-        engine_settings=TEST_SETTINGS,
-        show_progress=False,
+    base = engine_config(
+        tiny_dir,
         steps=2,
         prompts_per_step=2,
         out=str(tmp_path),

@@ -8,22 +8,16 @@ import numpy as np
 import pytest
 
 from sgl_jax_rollout_apps import demo
-from tests.conftest import TEST_SETTINGS
-from tests.tunix_adapter.training_helpers import changed, check_example, train_and_capture
+from tests.tunix_adapter.training_helpers import (
+    changed,
+    check_example,
+    train_and_capture,
+)
+from tests.tunix_adapter.training_helpers import engine_config as config
 
 pytestmark = pytest.mark.engine
 
 PROMPTS = ["Tell me about the water:", "Tell me about the plan:"]
-
-
-def config(tiny_dir, **kwargs) -> demo.DemoConfig:
-    return demo.DemoConfig(
-        rollout="sglang_jax",
-        model_path=str(tiny_dir),
-        engine_settings=TEST_SETTINGS,
-        show_progress=False,
-        **kwargs,
-    )
 
 
 def greedy_probe(cluster) -> dict:

@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 
 from sgl_jax_rollout_apps import demo
-from tests.conftest import TEST_SETTINGS
-from tests.tunix_adapter.training_helpers import train_and_capture
+from tests.tunix_adapter.training_helpers import engine_config, train_and_capture
 
 pytestmark = [pytest.mark.engine, pytest.mark.tunix_main]
 
@@ -16,11 +15,8 @@ def test_tunix_mains_grpo_takes_our_rollout_logprobs_for_its_token_tis(tiny_dir,
     from sgl_jax_rollout.tunix_compat import GRPOConfig, GRPOLearner
     from tunix_adapter.rewards import vowel_word_reward
 
-    config = demo.DemoConfig(
-        rollout="sglang_jax",
-        model_path=str(tiny_dir),
-        engine_settings=TEST_SETTINGS,
-        show_progress=False,
+    config = engine_config(
+        tiny_dir,
         steps=2,
         prompts_per_step=2,
         num_generations=2,

@@ -7,6 +7,18 @@ import numpy as np
 from flax import nnx
 
 from sgl_jax_rollout_apps import demo
+from tests.conftest import TEST_SETTINGS
+
+
+def engine_config(tiny_dir, **kwargs) -> demo.DemoConfig:
+    """The demo's config on our rollout, the built-in model and the tests' engine settings."""
+    return demo.DemoConfig(
+        rollout="sglang_jax",
+        model_path=str(tiny_dir),
+        engine_settings=TEST_SETTINGS,
+        show_progress=False,
+        **kwargs,
+    )
 
 
 def train_and_capture(config: demo.DemoConfig, probe=None):
