@@ -166,8 +166,6 @@ class RolloutGRPOLearner(GRPOLearner):
         self, training_input, mode: Mode = Mode.TRAIN
     ) -> RolloutTrainExample:
         cfg = self.algo_config
-        if not self.should_sync_weights:  # the rollout samples with the actor's own weights
-            self.rl_cluster.snapshot_policy()
         self._trainer_logps = None
         with contextlib.ExitStack() as self._estimator_inputs:
             self._estimator_inputs.enter_context(self._answering_old_policy_calls(mode))
@@ -241,6 +239,8 @@ class RolloutGRPOLearner(GRPOLearner):
         """The trainer's logprobs `[B, max_tokens]` of the sampled tokens under the weights that
         sampled them (tunix's anchor state), at the rollout temperature; once per batch."""
         if self._trainer_logps is None:
+            if not self.should_sync_weights:  # the rollout sampled with the actor's own weights
+                self.rl_cluster.snapshot_policy()
             self._trainer_logps = np.asarray(
                 self.rl_cluster.get_actor_per_token_logps(
                     prompt_tokens=prompt_ids,
