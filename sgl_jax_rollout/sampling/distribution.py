@@ -1,7 +1,7 @@
 """Normalisers and entropies of (possibly truncated) distributions given by logits.
 
-Owns the float32 arithmetic shared by every sampler output: safe row maxima, the one pass over
-the vocabulary that gives a normaliser and an entropy numerator together, and the entropy of
+Owns the float32 arithmetic shared by every sampler output: safe row maxima, the two fused
+passes over the vocabulary that give a normaliser and an entropy numerator, and the entropy of
 a set of unnormalised weights with `0 * log 0 = 0`.
 
 Must not decide which tokens are kept nor sample.
@@ -9,8 +9,9 @@ Must not decide which tokens are kept nor sample.
 
 from __future__ import annotations
 
+import math
+
 import jax.numpy as jnp
-from jax import lax
 from jaxtyping import Array, Float
 
 
@@ -22,16 +23,28 @@ def finite_or_zero(x: Float[Array, " batch"]) -> Float[Array, " batch"]:
 def mass_and_moment(
     scaled: Float[Array, "batch vocab"], offset: Float[Array, " batch"]
 ) -> tuple[Float[Array, " batch"], Float[Array, " batch"]]:
-    """One fused pass: `S = sum exp(x - offset)` and `E = sum exp(x - offset) * (x - offset)`.
+    """`S = sum exp(x - offset)` and `E = sum exp(x - offset) * (x - offset)`.
 
     Entropy is `log S - E / S`; masked (-inf) entries contribute 0 to both.
     """
-    d = scaled - offset[:, None]
-    w = jnp.exp(d)
-    wd = jnp.where(w > 0, w * d, 0.0)
-    return lax.reduce(
-        (w, wd), (jnp.float32(0), jnp.float32(0)), lambda a, b: (a[0] + b[0], a[1] + b[1]), (1,)
-    )
+    mass = jnp.exp(scaled - offset[:, None]).sum(-1)
+    return mass, moment_given_mass(scaled, offset, mass)
+
+
+def moment_given_mass(
+    scaled: Float[Array, "batch vocab"],
+    offset: Float[Array, " batch"],
+    mass: Float[Array, " batch"],
+) -> Float[Array, " batch"]:
+    """`E` of `mass_and_moment` from its `S`, by a reduction that shares no intermediate
+    array with the one that gave `S`: `E = e * sum w' d' + S` with `d' = x - offset - 1`,
+    `w' = exp(d')`. With a shared `exp(x - offset)`, XLA's CPU backend writes it (and any
+    broadcast constant) out as a `[batch, vocab]` array and reduces it twice, about 3x the time
+    of two fused passes; a variadic reduce of both sums is slower still. `d'` is clamped at
+    -200 (where `w'` is exactly 0) so that masked entries give `0 * -200`, not `0 * -inf`.
+    """
+    shifted = jnp.maximum(scaled - (offset + 1.0)[:, None], -200.0)
+    return math.e * (jnp.exp(shifted) * shifted).sum(-1) + mass
 
 
 def entropy_from_mass(

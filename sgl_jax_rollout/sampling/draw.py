@@ -1,7 +1,8 @@
 """Drawing a token from a kept set with one uniform number per row (step 5).
 
 Owns inverse-CDF sampling: over the candidates when the kept set fits in them, and over the
-full vocabulary in two levels (block sums, then one block) otherwise. Either way a row uses
+full vocabulary otherwise (shard masses, block sums, then one block: one pass over the
+vocabulary for the masses, one over the chosen block). Either way a row uses
 one uniform from its own key, so a seeded row draws the same token whatever the batch.
 The full-vocabulary pass also returns the kept mass and entropy numerator, so the
 processed logprob and entropy of such rows cost no extra pass.
@@ -18,7 +19,8 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, UInt32
 
 from sgl_jax_rollout.sampling.batch import KEY_IMPL
-from sgl_jax_rollout.sampling.distribution import mass_and_moment
+from sgl_jax_rollout.sampling.distribution import moment_given_mass
+from sgl_jax_rollout.sampling.vocab import Vocab
 
 # Largest block of the two-level draw that is searched for an exact divisor of the vocabulary.
 _MAX_BLOCK = 4096
@@ -47,40 +49,54 @@ def draw_from_vocab(
     threshold: Float[Array, " batch"],
     uniform: Float[Array, " batch"],
     with_moment: bool,
+    vocab: Vocab,
 ) -> tuple[Int[Array, " batch"], Float[Array, " batch"], Float[Array, " batch"] | None]:
     """Samples from exp(t - top), t = logits * inv_temperature, restricted to t >= threshold.
 
     Returns the token, the kept mass S and (when `with_moment`) sum w (t - top) over the kept
     set, for the processed entropy `log S - moment / S`. Tempered values are recomputed
-    inside each fused pass rather than stored.
+    inside each fused pass rather than stored. Inverse CDF on three levels: the shards' kept
+    masses (one `[batch, shards]` gather; a single level of one shard when the vocabulary is
+    whole), the blocks of the chosen shard, then one block; every shard runs the last two on
+    its own columns and the chosen shard's token is kept.
     """
-    rows, vocab = logits.shape
-    block = _block_size(vocab)
-    padded = -(-vocab // block) * block
-    if padded != vocab:
-        logits = jnp.pad(logits, ((0, 0), (0, padded - vocab)), constant_values=-jnp.inf)
+    rows, local = logits.shape
+    block = _block_size(local)
+    padded = -(-local // block) * block
+    columns = logits
+    if padded != local:
+        columns = jnp.pad(logits, ((0, 0), (0, padded - local)), constant_values=-jnp.inf)
 
     def kept(values: Float[Array, "batch n"]) -> Float[Array, "batch n"]:
         t = values * inv_temperature[:, None]
         return jnp.where(t >= threshold[:, None], t, -jnp.inf)
 
-    if with_moment:
-        mass, moment = mass_and_moment(kept(logits), top)
-    else:
-        mass, moment = jnp.exp(kept(logits) - top[:, None]).sum(-1), None
-    block_mass = jnp.exp(kept(logits) - top[:, None]).reshape(rows, -1, block).sum(-1)
+    block_mass = jnp.exp(kept(columns) - top[:, None]).reshape(rows, -1, block).sum(-1)
+    local_mass = block_mass.sum(-1)
+    moment = vocab.sum(moment_given_mass(kept(logits), top, local_mass)) if with_moment else None
+    shard_mass = vocab.gather(local_mass[:, None])
+    mass = shard_mass.sum(-1)
     target = uniform * mass
+    shard = inverse_cdf(shard_mass, target)
+    target = target - _mass_before(shard_mass, shard)
     block_index = inverse_cdf(block_mass, target)
-    below = jnp.take_along_axis(jnp.cumsum(block_mass, -1) - block_mass, block_index[:, None], 1)
+    target = target - _mass_before(block_mass, block_index)
     inside = jax.vmap(lambda row, b: jax.lax.dynamic_slice(row, (b * block,), (block,)))(
-        logits, block_index
+        columns, block_index
     )
-    offset = inverse_cdf(jnp.exp(kept(inside) - top[:, None]), target - below[:, 0])
-    return block_index * block + offset, mass, moment
+    column = block_index * block + inverse_cdf(jnp.exp(kept(inside) - top[:, None]), target)
+    token = vocab.sum(jnp.where(vocab.shard() == shard, vocab.offset(local) + column, 0))
+    return token, mass, moment
+
+
+def _mass_before(masses: Float[Array, "batch n"], index: Int[Array, " batch"]) -> Array:
+    """Mass of the entries before `index` in each row."""
+    before = jnp.cumsum(masses, -1) - masses
+    return jnp.take_along_axis(before, index[:, None], 1)[:, 0]
 
 
 def _block_size(vocab: int) -> int:
-    """A divisor of the vocabulary near its square root (no padding), else the square root."""
+    """A divisor of a shard's columns near its square root (no padding), else the square root."""
     root = math.isqrt(vocab - 1) + 1
     for size in range(root, min(vocab, _MAX_BLOCK) + 1):
         if vocab % size == 0:

@@ -4,9 +4,10 @@ Owns `gather`: the logprob ("processed": log of the token's probability in the k
 renormalised, tempered distribution the draw used; "raw": `log_softmax` of the step-1 logits),
 the entropy (raw or processed distribution, over the full vocabulary or its top k
 renormalised) and the top-n logprobs of the same mode, each computed only when the static
-`SamplerConfig` asks for it. Full-vocabulary raw quantities take one fused pass
-(`_raw_stats`); everything else reuses the candidates and the draw's masses. The semantics are
-docs/design.md section 3 and the order in `sampler.py`'s docstring.
+`SamplerConfig` asks for it. Full-vocabulary raw quantities take the passes of
+`mass_and_moment` (`_raw_stats`), after a maximum pass only when penalties moved the
+candidates off the raw logits; everything else reuses the candidates and the draw's masses.
+The semantics are docs/design.md section 3 and the order in `sampler.py`'s docstring.
 
 Must not import tunix or sgl_jax.
 """
@@ -26,7 +27,8 @@ from sgl_jax_rollout.sampling.distribution import (
     log_or_neg_inf,
     mass_and_moment,
 )
-from sgl_jax_rollout.sampling.truncation import Candidates, top_k
+from sgl_jax_rollout.sampling.truncation import Candidates
+from sgl_jax_rollout.sampling.vocab import Vocab
 
 if TYPE_CHECKING:
     from sgl_jax_rollout.sampling.sampler import Drawn
@@ -39,15 +41,16 @@ def gather(
     cand: Candidates,
     drawn: Drawn,
     config: SamplerConfig,
+    vocab: Vocab,
 ) -> SamplerOutput:
     """The `SamplerOutput` of one step: tokens, and the logprob, entropy and top logprobs the
-    config asks for (None otherwise)."""
+    config asks for (None otherwise). Every output is the same on every shard of `vocab`."""
     top = cand.top
     log_kept_mass = log_or_neg_inf(
         jnp.where(drawn.from_candidates, drawn.cand_mass, drawn.vocab_mass)
     )
-    raw_top = _raw_top(raw, cand, config)
-    raw_stats = _raw_stats(raw, config)
+    raw_top = _raw_top(raw, cand, config, vocab)
+    raw_stats = _raw_stats(raw, cand, config, vocab)
     tokens = drawn.tokens
 
     logprobs = None
@@ -56,11 +59,11 @@ def gather(
             token_t = jnp.where(
                 drawn.from_candidates,
                 take(cand.values, drawn.cand_pos),
-                take(z, tokens) * inv_t,
+                vocab.take(z, tokens) * inv_t,
             )
             logprobs = token_t - top - log_kept_mass
         else:
-            logprobs = take(raw, tokens) - raw_stats[0]
+            logprobs = vocab.take(raw, tokens) - raw_stats[0]
 
     entropy = None
     if config.return_entropy:
@@ -98,8 +101,12 @@ def gather(
     return SamplerOutput(tokens, logprobs, entropy, top_ids, top_values)
 
 
-def _raw_stats(raw: Float[Array, "batch vocab"], config: SamplerConfig):
-    """(log-normaliser, mass, moment) of the raw distribution, when an output needs them."""
+def _raw_stats(
+    raw: Float[Array, "batch vocab"], cand: Candidates, config: SamplerConfig, vocab: Vocab
+):
+    """(log-normaliser, mass, moment) of the raw distribution, when an output needs them.
+    Without penalties the candidates were taken from the raw logits: their first value is
+    the row maximum, so only the mass and moment pass runs."""
     wants_logprob = (config.return_logprob or config.top_logprobs) and (
         config.logprobs_mode == "raw"
     )
@@ -108,12 +115,13 @@ def _raw_stats(raw: Float[Array, "batch vocab"], config: SamplerConfig):
     )
     if not (wants_logprob or wants_entropy):
         return None, None, None
-    top = finite_or_zero(jnp.max(raw, axis=-1))
-    mass, moment = mass_and_moment(raw, top)
+    row_max = vocab.max(jnp.max(raw, axis=-1)) if config.penalties else cand.raw_values[:, 0]
+    top = finite_or_zero(row_max)
+    mass, moment = vocab.sum(mass_and_moment(raw, top))
     return top + log_or_neg_inf(mass), mass, moment
 
 
-def _raw_top(raw: Float[Array, "batch vocab"], cand: Candidates, config: SamplerConfig):
+def _raw_top(raw: Float[Array, "batch vocab"], cand: Candidates, config: SamplerConfig, vocab):
     """(values, ids) of the largest raw logits, as many as raw top-k entropy or raw top
     logprobs need: the candidates' own when no penalty can reorder them."""
     entropy_k = config.entropy_top_k if config.return_entropy else 0
@@ -125,7 +133,7 @@ def _raw_top(raw: Float[Array, "batch vocab"], cand: Candidates, config: Sampler
         return None, None
     if not config.penalties:
         return cand.raw_values[:, :n], cand.ids[:, :n]
-    return top_k(raw, n)
+    return vocab.top_k(raw, n)
 
 
 def take(values: Array, index: Array) -> Array:

@@ -17,37 +17,40 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
 from sgl_jax_rollout.sampling.batch import SamplingBatch
+from sgl_jax_rollout.sampling.vocab import Vocab
 
 
 def apply_penalties(
-    logits: Float[Array, "batch vocab"], batch: SamplingBatch
+    logits: Float[Array, "batch vocab"], batch: SamplingBatch, vocab: Vocab | None = None
 ) -> Float[Array, "batch vocab"]:
     """Penalised logits: repetition, then presence and frequency, then min_new_tokens.
 
     Scatter-set writes the same value for every duplicate of an id, so duplicates are
     harmless; the frequency penalty is a scatter-add, one `-f` per occurrence. A batch that
-    carries `output_counts` is penalised from its dense tables instead.
+    carries `output_counts` is penalised from its dense tables instead. Under a sharded
+    `vocab`, `logits` (and the tables) are this shard's columns; ids elsewhere are dropped.
     """
-    vocab = logits.shape[-1]
+    local = logits.shape[-1]
+    offset = 0 if vocab is None else vocab.offset(local)
     rows = jnp.arange(logits.shape[0])[:, None]
     if batch.output_counts is not None:
         logits = _dense_penalties(logits, batch)
-        return _min_new_tokens(logits, batch, rows, vocab)
+        return _min_new_tokens(logits, batch, rows, offset)
 
-    seen = jnp.concatenate([batch.prompt_ids, batch.output_ids], axis=1)
-    seen_at, _ = _scatter_index(seen, vocab)
-    z = _gather(logits, seen, vocab)
+    seen = jnp.concatenate([batch.prompt_ids, batch.output_ids], axis=1) - offset
+    seen_at, _ = _scatter_index(seen, local)
+    z = _gather(logits, seen)
     p = batch.repetition_penalty[:, None]
     logits = logits.at[rows, seen_at].set(jnp.where(z > 0, z / p, z * p), mode="drop")
 
-    out_at, _ = _scatter_index(batch.output_ids, vocab)
-    z = _gather(logits, batch.output_ids, vocab)
+    out_at, _ = _scatter_index(batch.output_ids - offset, local)
+    z = _gather(logits, batch.output_ids - offset)
     logits = logits.at[rows, out_at].set(z - batch.presence_penalty[:, None], mode="drop")
     logits = logits.at[rows, out_at].add(
         jnp.broadcast_to(-batch.frequency_penalty[:, None], out_at.shape), mode="drop"
     )
 
-    return _min_new_tokens(logits, batch, rows, vocab)
+    return _min_new_tokens(logits, batch, rows, offset)
 
 
 def occurrence_tables(
@@ -77,18 +80,21 @@ def _dense_penalties(logits: Float[Array, "batch vocab"], batch: SamplingBatch) 
     )
 
 
-def _min_new_tokens(logits: Array, batch: SamplingBatch, rows: Array, vocab: int) -> Array:
+def _min_new_tokens(logits: Array, batch: SamplingBatch, rows: Array, offset) -> Array:
+    local = logits.shape[-1]
     too_early = (batch.num_generated < batch.min_new_tokens)[:, None]
-    stop_at, stop_ok = _scatter_index(batch.stop_token_ids, vocab)
-    stop_at = jnp.where(too_early & stop_ok, stop_at, vocab)
+    stop_at, stop_ok = _scatter_index(batch.stop_token_ids - offset, local)
+    stop_at = jnp.where(too_early & stop_ok, stop_at, local)
     return logits.at[rows, stop_at].set(-jnp.inf, mode="drop")
 
 
-def _scatter_index(ids: Int[Array, "batch n"], vocab: int) -> tuple[Array, Array]:
-    """Ids with padding moved out of range (dropped by `mode="drop"`), and the valid mask."""
-    ok = (ids >= 0) & (ids < vocab)
-    return jnp.where(ok, ids, vocab), ok
+def _scatter_index(ids: Int[Array, "batch n"], columns: int) -> tuple[Array, Array]:
+    """Column indices (ids less the shard's offset) with those outside `[0, columns)` moved
+    out of range (dropped by `mode="drop"`), and the in-range mask. Padding ids (`NO_TOKEN`)
+    are negative before the offset is taken off, so they fall outside on every shard."""
+    ok = (ids >= 0) & (ids < columns)
+    return jnp.where(ok, ids, columns), ok
 
 
-def _gather(logits: Float[Array, "batch vocab"], ids: Int[Array, "batch n"], vocab: int) -> Array:
-    return jnp.take_along_axis(logits, jnp.clip(ids, 0, vocab - 1), axis=1)
+def _gather(logits: Float[Array, "batch vocab"], columns: Int[Array, "batch n"]) -> Array:
+    return jnp.take_along_axis(logits, jnp.clip(columns, 0, logits.shape[-1] - 1), axis=1)

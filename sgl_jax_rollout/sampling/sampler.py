@@ -23,11 +23,16 @@ Outputs for the sampled token, in the same pass:
   log k); `-(sum p log p)` in float32 with `0 log 0 = 0`;
 - optionally the top-n tokens with logprobs of the same mode.
 
-Work per step: one `lax.top_k` of C values; one pass over the vocabulary for each full-vocab
-quantity asked for (raw normaliser and entropy; processed normaliser only for rows with
-top-p and no top-k, or rows whose kept set is the vocabulary). Rows that need an exact search
-or a full-vocab draw trigger them through `lax.cond` on runtime values, which never
-recompiles. Per-row settings are arrays: one compile per (batch size, vocab, SamplerConfig).
+Work per step: one exact top-k of C values (`vocab.blocked_top_k`); a pass over the vocabulary
+for each full-vocab quantity asked for (raw normaliser and entropy; processed normaliser only
+for rows with top-p and no top-k, or rows whose kept set is larger than the candidates). Rows
+that need an exact search or a full-vocab draw trigger them through `lax.cond` on runtime
+values, which never recompiles. Per-row settings are arrays: one compile per (batch size,
+vocab, SamplerConfig).
+
+Every stage reads the vocabulary through a `vocab.Vocab`: `sample` holds all of it;
+`vocab_parallel.sample_vocab_parallel` runs `sample_step` on each device's shard of it under
+`shard_map`, with collectives only on per-row values and candidates.
 
 `sample` calls one function per step above, in that order; `outputs.gather` computes the
 outputs from what the steps produced.
@@ -55,6 +60,7 @@ from sgl_jax_rollout.sampling.truncation import (
     take_candidates,
     truncate_with_candidates,
 )
+from sgl_jax_rollout.sampling.vocab import Vocab
 
 DEFAULT_CONFIG = SamplerConfig()
 
@@ -65,23 +71,36 @@ def sample(
     batch: SamplingBatch,
     config: SamplerConfig = DEFAULT_CONFIG,
 ) -> SamplerOutput:
-    """One decode step for every row of `batch` (see the module docstring for the order)."""
-    config.check_vocab(logits.shape[1])
-    raw = raw_logits(logits, config)  # 1
-    z = apply_penalties(raw, batch) if config.penalties else raw  # 2
+    """One decode step for every row of `batch`, the vocabulary on this device (see the
+    module docstring for the order)."""
+    return sample_step(logits, batch, config, Vocab(logits.shape[1]))
+
+
+def sample_step(
+    logits: Float[Array, "batch local"],
+    batch: SamplingBatch,
+    config: SamplerConfig,
+    vocab: Vocab,
+) -> SamplerOutput:
+    """`sample` on this device's columns of `vocab` (all of them when it is whole;
+    `vocab_parallel` runs it inside `shard_map`, one shard per device)."""
+    config.check_vocab(vocab.size)
+    raw = raw_logits(logits, config, vocab)  # 1
+    z = apply_penalties(raw, batch, vocab) if config.penalties else raw  # 2
     greedy, inv_t = temperature(batch)  # 3
-    cand, threshold, bounded = truncate(z, inv_t, greedy, batch, config)  # 4
-    drawn = draw(z, inv_t, greedy, cand, threshold, bounded, batch, config)  # 5
-    return gather(raw, z, inv_t, cand, drawn, config)
+    cand, threshold, bounded = truncate(z, inv_t, greedy, batch, config, vocab)  # 4
+    drawn = draw(z, inv_t, greedy, cand, threshold, bounded, batch, config, vocab)  # 5
+    return gather(raw, z, inv_t, cand, drawn, config, vocab)
 
 
 def raw_logits(
-    logits: Float[Array, "batch vocab"], config: SamplerConfig
-) -> Float[Array, "batch vocab"]:
+    logits: Float[Array, "batch local"], config: SamplerConfig, vocab: Vocab
+) -> Float[Array, "batch local"]:
     """Step 1: float32 logits, ids at or beyond `valid_vocab_size` at -inf."""
     raw = logits.astype(jnp.float32)
-    if config.valid_vocab_size is not None and config.valid_vocab_size < logits.shape[1]:
-        raw = raw.at[:, config.valid_vocab_size :].set(-jnp.inf)
+    valid = config.valid_vocab_size
+    if valid is not None and valid < vocab.size:
+        raw = jnp.where(vocab.ids(raw.shape[1]) < valid, raw, -jnp.inf)
     return raw
 
 
@@ -98,24 +117,26 @@ def truncate(
     greedy: Bool[Array, " batch"],
     batch: SamplingBatch,
     config: SamplerConfig,
+    vocab: Vocab,
 ) -> tuple[Candidates, Float[Array, " batch"], Bool[Array, " batch"]]:
     """Step 4: (candidates, per-row threshold on tempered logits, kept set inside the
     candidates). The exact search runs only when a row needs it."""
-    rows, vocab = z.shape
-    cand = take_candidates(z, inv_t, config.candidate_count(vocab))
+    rows = z.shape[0]
+    cand = take_candidates(z, inv_t, config.candidate_count(vocab.size), vocab)
     top = cand.top
-    top_p_over_vocab = ~greedy & ((batch.top_k <= 0) | (batch.top_k >= vocab)) & (batch.top_p < 1)
+    top_k_off = (batch.top_k <= 0) | (batch.top_k >= vocab.size)
+    top_p_over_vocab = ~greedy & top_k_off & (batch.top_p < 1)
     full_mass = lax.cond(
         jnp.any(top_p_over_vocab),
-        lambda: jnp.exp(z * inv_t[:, None] - top[:, None]).sum(-1),
+        lambda: vocab.sum(jnp.exp(z * inv_t[:, None] - top[:, None]).sum(-1)),
         lambda: jnp.zeros((rows,), jnp.float32),
     )
-    trunc = truncate_with_candidates(cand, batch, vocab, full_mass)
+    trunc = truncate_with_candidates(cand, batch, vocab.size, full_mass)
     threshold = lax.cond(
         jnp.any(trunc.needs_search),
         lambda: jnp.where(
             trunc.needs_search,
-            search_thresholds(z, inv_t, top, batch, trunc),
+            search_thresholds(z, inv_t, top, batch, trunc, vocab),
             trunc.threshold,
         ),
         lambda: trunc.threshold,
@@ -147,6 +168,7 @@ def draw(
     bounded: Bool[Array, " batch"],
     batch: SamplingBatch,
     config: SamplerConfig,
+    vocab: Vocab,
 ) -> Drawn:
     """Step 5: one uniform per row, inverse CDF over the kept set, from the candidates when
     the kept set fits in them, else over the vocabulary; greedy rows take the argmax (a
@@ -172,7 +194,9 @@ def draw(
     vocab_threshold = jnp.where(greedy, -jnp.inf, threshold)
     vocab_token, vocab_mass, vocab_moment = lax.cond(
         jnp.any(over_vocab),
-        lambda: draw_from_vocab(z, inv_t, top, vocab_threshold, uniform, processed_full_entropy),
+        lambda: draw_from_vocab(
+            z, inv_t, top, vocab_threshold, uniform, processed_full_entropy, vocab
+        ),
         lambda: (jnp.zeros((rows,), jnp.int32), zeros, zeros if processed_full_entropy else None),
     )
     tokens = jnp.where(

@@ -8,10 +8,14 @@ Face's top-k does):
   smallest descending prefix whose mass reaches p;
 - min-p: `max + log(min_p)`, i.e. p_i >= min_p * p_max.
 
-Fast path: `lax.top_k` takes C = candidates + 1 values; when the row's threshold is strictly
-above the last (sentinel) value, the whole kept set is inside the candidates and exact.
-Otherwise `search_thresholds` finds the same thresholds exactly over the full vocabulary by
-bisection on the float32 bit order (32 passes per rule, only for rows that need it).
+Fast path: `Vocab.top_k` takes C = candidates + 1 values; when the row's threshold is strictly
+above the last (sentinel) value, the whole kept set is inside the candidates and exact. A
+threshold known exactly but at or below the sentinel (min-p, a k-th value tied with the
+sentinel) keeps a set larger than the candidates: the draw goes over the vocabulary with it.
+Only a threshold the candidates cannot settle (top-k beyond them, a top-p prefix that reaches
+the sentinel or rests on a top-k set with ties outside them) is found by `search_thresholds`,
+exactly, by bisection on the float32 bit order (32 passes per rule, for the rules and rows
+that need it).
 
 Must not sample or compute outputs.
 """
@@ -27,6 +31,7 @@ from jaxtyping import Array, Bool, Float, Int
 
 from sgl_jax_rollout.sampling.batch import SamplingBatch
 from sgl_jax_rollout.sampling.distribution import finite_or_zero
+from sgl_jax_rollout.sampling.vocab import Vocab
 
 NEG_INF = -jnp.inf
 
@@ -58,21 +63,14 @@ class Truncation:
     min_p_threshold: Float[Array, " batch"]
 
 
-def top_k(x: Float[Array, "batch vocab"], k: int) -> tuple[Array, Array]:
-    """`lax.top_k` behind barriers: they keep XLA from folding later gathers into the sort
-    that top-k lowers to; folded, the sort is not rewritten into the TopK kernel and the whole
-    vocabulary gets sorted (seen on CPU: 30 ms per row instead of 0.2). One barrier per
-    output: a single barrier over the (values, ids) pair crashes XLA's CPU TopK decomposer
-    when the engine shards over a tensor axis (jax 0.10.2, tp = 2)."""
-    values, ids = lax.top_k(x, k)
-    return lax.optimization_barrier(values), lax.optimization_barrier(ids)
-
-
 def take_candidates(
-    logits: Float[Array, "batch vocab"], inv_temperature: Float[Array, " batch"], count: int
+    logits: Float[Array, "batch vocab"],
+    inv_temperature: Float[Array, " batch"],
+    count: int,
+    vocab: Vocab,
 ) -> Candidates:
     """Top `count` of the untempered logits (temperature > 0 keeps the order), then tempered."""
-    raw_values, ids = top_k(logits, count)
+    raw_values, ids = vocab.top_k(logits, count)
     values = raw_values * inv_temperature[:, None]
     return Candidates(values, raw_values, ids, finite_or_zero(values[:, 0]))
 
@@ -107,16 +105,20 @@ def truncate_with_candidates(
     threshold = jnp.maximum(jnp.maximum(thr_k, thr_p), thr_min_p)
 
     truncated = k_on | p_on | min_p_on
-    # top-k beyond the candidates leaves the top-p mass unknown.
-    known = ~(k_on & ~k_known & p_on)
     # With every token a candidate there is no sentinel: the kept set always fits.
-    fits = jnp.ones_like(truncated) if count == vocab_size else threshold > cand.values[:, -1]
-    bounded = truncated & known & fits
+    sentinel = NEG_INF if count == vocab_size else cand.values[:, -1]
+    # The top-k set's mass is known when that set lies inside the candidates (its k-th value
+    # above the sentinel: no tie outside), or from the full-vocabulary pass when top-k is off.
+    top_k_mass_known = jnp.where(k_on, k_known & (thr_k > sentinel), True)
+    # top-p's threshold is exact when its prefix ends before the sentinel, on a known mass.
+    p_exact = ~p_on | (top_k_mass_known & (thr_p > sentinel))
+    # top-k's is exact whenever the k-th value is a candidate; min-p's always is.
+    exact = (~k_on | k_known) & p_exact
     greedy = batch.temperature == 0
     return Truncation(
         threshold=jnp.where(truncated, threshold, NEG_INF),
-        bounded=bounded,
-        needs_search=truncated & ~bounded & ~greedy,
+        bounded=truncated & exact & (threshold > sentinel),
+        needs_search=truncated & ~exact & ~greedy,
         known_top_k_threshold=thr_k,
         min_p_threshold=thr_min_p,
     )
@@ -128,16 +130,18 @@ def search_thresholds(
     top: Float[Array, " batch"],
     batch: SamplingBatch,
     trunc: Truncation,
+    vocab: Vocab,
 ) -> Float[Array, " batch"]:
-    """Exact thresholds over the full vocabulary (for rows the candidates could not settle)."""
-    vocab = logits.shape[-1]
+    """Exact thresholds over the full vocabulary (for rows the candidates could not settle):
+    each bisection step counts, or sums the mass, above a trial threshold (a local pass and
+    one `[batch]` reduction over the shards)."""
     tempered = logits * inv_temperature[:, None]
     k = batch.top_k
-    k_on = (k > 0) & (k < vocab)
+    k_on = (k > 0) & (k < vocab.size)
     k_unknown = k_on & jnp.isneginf(trunc.known_top_k_threshold)
 
     def count_at_least(thr: Float[Array, " batch"]) -> Int[Array, " batch"]:
-        return jnp.sum(tempered >= thr[:, None], axis=-1)
+        return vocab.sum(jnp.sum(tempered >= thr[:, None], axis=-1))
 
     thr_k = lax.cond(
         jnp.any(k_unknown),
@@ -151,13 +155,19 @@ def search_thresholds(
 
     def mass_at_least(thr: Float[Array, " batch"]) -> Float[Array, " batch"]:
         w = jnp.exp(tempered - top[:, None])
-        return jnp.sum(jnp.where(tempered >= thr[:, None], w, 0.0), axis=-1)
+        return vocab.sum(jnp.sum(jnp.where(tempered >= thr[:, None], w, 0.0), axis=-1))
 
-    target = batch.top_p * mass_at_least(thr_k)
-    thr_p = _largest_threshold(
-        lambda t: mass_at_least(jnp.maximum(t, thr_k)) >= target, batch.top_p.shape
+    def top_p_threshold() -> Float[Array, " batch"]:
+        target = batch.top_p * mass_at_least(thr_k)
+        thr_p = _largest_threshold(
+            lambda t: mass_at_least(jnp.maximum(t, thr_k)) >= target, batch.top_p.shape
+        )
+        return jnp.where(p_on, thr_p, NEG_INF)
+
+    p_on = batch.top_p < 1.0
+    thr_p = lax.cond(
+        jnp.any(p_on), top_p_threshold, lambda: jnp.full(p_on.shape, NEG_INF, jnp.float32)
     )
-    thr_p = jnp.where(batch.top_p < 1.0, thr_p, NEG_INF)
     return jnp.maximum(jnp.maximum(thr_k, thr_p), trunc.min_p_threshold)
 
 

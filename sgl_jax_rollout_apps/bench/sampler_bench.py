@@ -134,6 +134,7 @@ def run(steps: int = 20, warmup: int = 3) -> dict:
         "full_vs_baseline": round(at64["full"] / at64["baseline"], 3),
         "topk_entropy_vs_baseline": round(at64["topk_entropy"] / at64["baseline"], 3),
         "full_vs_argmax": round(at64["full"] / at64["argmax"], 3),
+        "topk_entropy_vs_argmax": round(at64["topk_entropy"] / at64["argmax"], 3),
     }
     if "sgl_jax" in at64:
         ratios["full_vs_sgl_jax"] = round(at64["full"] / at64["sgl_jax"], 3)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import jax.numpy as jnp
@@ -176,3 +177,41 @@ def test_padded_vocab_ids_are_never_sampled():
     out = sample(jnp.asarray(logits), make_batch(rows, vocab_size=VOCAB), config)
     assert np.all(np.asarray(out.tokens) < 250)
     np.testing.assert_allclose(out.logprobs, -np.log(250), rtol=1e-6)
+
+
+def test_top_p_on_a_top_k_set_tied_with_the_sentinel_keeps_every_tie():
+    """k = 3 over values 5, 4 and ten 3s: the top-k set is 12 tokens, but the candidates (4 +
+    the sentinel) hold only 3 of the ties, so top-p must not be settled from their mass
+    (which would keep only the 5 and the 4)."""
+    logits = np.full((1, VOCAB), -5.0, np.float32)
+    logits[0, 10], logits[0, 20], logits[0, 30:40] = 5.0, 4.0, 3.0
+    row = SamplingOptions(seed=3, top_k=3, top_p=0.6)
+    config = SamplerConfig(candidates=4, entropy_source="processed")
+    ref = reference_row(logits[0], row)
+    assert np.isfinite(ref.processed_logprobs).sum() == 12
+    for seed in range(8):
+        batch = make_batch([dataclasses.replace(row, seed=seed)], vocab_size=VOCAB)
+        out = sample(jnp.asarray(logits), batch, config)
+        token = int(out.tokens[0])
+        np.testing.assert_allclose(
+            out.logprobs[0], ref.processed_logprobs[token], rtol=RTOL, atol=ATOL
+        )
+        np.testing.assert_allclose(
+            out.entropy[0], entropy(ref.processed_logprobs), rtol=RTOL, atol=ATOL
+        )
+
+
+def test_min_p_row_larger_than_the_candidates_matches_reference():
+    """min-p's threshold is known from the row maximum: a kept set beyond the candidates is
+    drawn over the vocabulary with it (no search), with exact outputs."""
+    rng = np.random.default_rng(11)
+    logits = (rng.normal(size=(1, VOCAB)) * 0.3).astype(np.float32)
+    row = SamplingOptions(seed=5, min_p=0.2)
+    config = SamplerConfig(candidates=8, entropy_source="processed")
+    ref = reference_row(logits[0], row)
+    assert np.isfinite(ref.processed_logprobs).sum() > 9
+    out = sample(jnp.asarray(logits), make_batch([row], vocab_size=VOCAB), config)
+    token = int(out.tokens[0])
+    want_h = entropy(ref.processed_logprobs)
+    np.testing.assert_allclose(out.logprobs[0], ref.processed_logprobs[token], rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(out.entropy[0], want_h, rtol=RTOL, atol=ATOL)
