@@ -10,14 +10,19 @@ Owns the sampler benchmark: for batch sizes 1, 16 and 64 and float32 logits, the
 - `flat_top_p_search` (extra): `full` settings but top-k off, on nearly flat logits, so the
   kept set exceeds the candidates and the exact threshold search runs;
 - `sgl_jax`: sgl-jax's own `Sampler` with logprobs on the same logits, when importable.
-Ratios are taken at batch 64 within the same run.
+Ratios are taken at batch 64 within the same run. The `sharded` section (tensor parallelism:
+collective bytes and per-device work from compiled programs, `sharded_sampler.py`) comes from
+a subprocess with 8 simulated CPU devices.
 
 Must not be imported by the library: it is a CLI subcommand.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -138,6 +143,7 @@ def run(steps: int = 20, warmup: int = 3) -> dict:
     }
     if "sgl_jax" in at64:
         ratios["full_vs_sgl_jax"] = round(at64["full"] / at64["sgl_jax"], 3)
+    sharded = _sharded()
     return {
         "bench": "sampler",
         "vocab": VOCAB,
@@ -154,7 +160,24 @@ def run(steps: int = 20, warmup: int = 3) -> dict:
         },
         "rows": results,
         "ratios": ratios,
+        "sharded": sharded,
     }
+
+
+def _sharded() -> dict:
+    """`sharded_sampler.py`'s measurement, from a process with 8 simulated CPU devices."""
+    print("bench sampler: sharded section (8 simulated devices, compiles only)", file=sys.stderr)
+    done = subprocess.run(
+        [sys.executable, "-m", "sgl_jax_rollout_apps.bench.sharded_sampler"],
+        env=dict(os.environ, JAX_PLATFORMS="cpu"),
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    lines = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"the sharded sampler measurement failed: {done.stderr[-2000:]}")
+    return json.loads(lines[-1][len("RESULT ") :])
 
 
 def _sgl_jax_step_factory():

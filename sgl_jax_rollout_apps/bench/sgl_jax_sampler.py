@@ -32,11 +32,32 @@ SamplingMetadata = upstream.get("SamplingMetadata")
 def make_sgl_jax_step(
     temperature: float, top_k: int, top_p: float
 ) -> Callable[[jax.Array], Callable[[int], jax.Array]]:
+    """Per logits array, a function of the step number running sgl-jax's sampler on one
+    device."""
     mesh = Mesh(
         np.asarray(jax.devices()[:1]).reshape(1, 1),
         ("data", "tensor"),
         axis_types=(AxisType.Explicit, AxisType.Explicit),
     )
+
+    def factory(logits: jax.Array) -> Callable[[int], jax.Array]:
+        step, args = sgl_jax_program(mesh, logits, temperature, top_k, top_p)
+
+        def run(i: int) -> jax.Array:
+            with jax.set_mesh(mesh):
+                return step(*args, i)[0]
+
+        return run
+
+    return factory
+
+
+def sgl_jax_program(
+    mesh: Mesh, logits: jax.Array, temperature: float, top_k: int, top_p: float
+) -> tuple[Callable, tuple]:
+    """sgl-jax's jitted sampler step and its arguments but the step number, with the logits
+    and every input laid out on `mesh` as sgl-jax's runner lays them out (the logits split
+    over the vocabulary on the tensor axis)."""
     sampler = Sampler(nnx.Rngs(0), mesh=mesh)
     graph, state = nnx.split(sampler)
 
@@ -46,31 +67,23 @@ def make_sgl_jax_step(
         rng = jax.random.fold_in(jax.random.PRNGKey(0), rng_step)
         return merged(logits_output, metadata, use_sort, rng_override=rng)
 
-    def factory(logits: jax.Array) -> Callable[[int], jax.Array]:
-        rows, vocab = logits.shape
-        # Shardings as sgl-jax's SamplingMetadata.from_schedule_batch places them.
-        per_row = NamedSharding(mesh, P("data"))
-        per_row_2d = NamedSharding(mesh, P("data", None))
-        per_token = NamedSharding(mesh, P("data", "tensor"))
-        metadata = SamplingMetadata(
-            return_logprob=True,
-            top_logprobs_nums=None,
-            token_ids_logprobs=None,
-            temperatures=jax.device_put(np.full((rows, 1), temperature, np.float32), per_row_2d),
-            top_ps=jax.device_put(np.full((rows,), top_p, np.float32), per_row),
-            top_ks=jax.device_put(np.full((rows,), top_k, np.int32), per_row),
-            min_ps=jax.device_put(np.zeros((rows,), np.float32), per_row),
-            sampling_seeds=None,
-            positions=jax.device_put(np.zeros((rows,), np.int32), per_row),
-            do_penalties=True,
-            linear_penalty=jax.device_put(np.zeros((rows, vocab), np.float32), per_token),
-        )
-        output = LogitsProcessorOutput(next_token_logits=jax.device_put(logits, per_token))
-
-        def run(i: int) -> jax.Array:
-            with jax.set_mesh(mesh):
-                return step(state, output, metadata, i)[0]
-
-        return run
-
-    return factory
+    rows, vocab = logits.shape
+    # Shardings as sgl-jax's SamplingMetadata.from_schedule_batch places them.
+    per_row = NamedSharding(mesh, P("data"))
+    per_row_2d = NamedSharding(mesh, P("data", None))
+    per_token = NamedSharding(mesh, P("data", "tensor"))
+    metadata = SamplingMetadata(
+        return_logprob=True,
+        top_logprobs_nums=None,
+        token_ids_logprobs=None,
+        temperatures=jax.device_put(np.full((rows, 1), temperature, np.float32), per_row_2d),
+        top_ps=jax.device_put(np.full((rows,), top_p, np.float32), per_row),
+        top_ks=jax.device_put(np.full((rows,), top_k, np.int32), per_row),
+        min_ps=jax.device_put(np.zeros((rows,), np.float32), per_row),
+        sampling_seeds=None,
+        positions=jax.device_put(np.zeros((rows,), np.int32), per_row),
+        do_penalties=True,
+        linear_penalty=jax.device_put(np.zeros((rows, vocab), np.float32), per_token),
+    )
+    output = LogitsProcessorOutput(next_token_logits=jax.device_put(logits, per_token))
+    return step, (state, output, metadata)
