@@ -95,6 +95,7 @@ class RolloutEngine:
             collector=self.collector,
             valid_vocab_size=valid,
             sampler_configs=extra_sampler_configs([*settings.sampler_modes, *sampler_modes], valid),
+            vocab_parallel=_vocab_parallel(settings, vocab),
         )
         self._lock = threading.Lock()  # one call at a time
         self._ending = threading.Lock()  # one shutdown at a time
@@ -380,6 +381,11 @@ class RolloutEngine:
         waits for the running call to give up the lock (it is woken by `ended`)."""
         threading.Thread(target=self.shutdown, name="sgl-jax-rollout-shutdown", daemon=True).start()
 
+    @property
+    def vocab_parallel_sampler(self) -> bool:
+        """Whether the sampler runs on the vocabulary-split logits (`EngineSettings`)."""
+        return self._hooks.vocab_parallel
+
     def shutdown(self) -> None:
         """Stops the engine's own threads and closes its sockets; touches no other process.
 
@@ -532,3 +538,26 @@ def reported_input_id(token: int, vocab_size: int) -> int:
     `schedule_batch.py:1277`), so the value is right and the check must expect the rewrite.
     """
     return token if token < vocab_size - 1 else 0
+
+
+def _vocab_parallel(settings: EngineSettings, vocab: int) -> bool:
+    """Whether the sampler runs on the vocabulary-split logits (logged either way when the
+    tensor axis has more than one device)."""
+    shards = settings.tp_size // settings.dp_size
+    if shards == 1:
+        return False
+    if not settings.vocab_parallel_sampler:
+        logger.info(
+            "sampler: logits gathered over %d tensor devices (vocab_parallel_sampler off)", shards
+        )
+        return False
+    if vocab % shards:
+        logger.warning(
+            "sampler: the vocabulary (%d) does not divide over %d tensor devices, so the logits "
+            "are gathered to every device and the sampler runs whole there (same results)",
+            vocab,
+            shards,
+        )
+        return False
+    logger.info("sampler: vocabulary-parallel over %d tensor devices", shards)
+    return True

@@ -175,6 +175,7 @@ class EngineHooks:
     neutral_rows: bool = False  # set while a failed step is re-run with neutral rows
     detokenizer_states: int = 0  # decode states the detokenizer held after its last batch
     sampler_configs: tuple[SamplerConfig, ...] = ()  # compiled at start besides the default
+    vocab_parallel: bool = False  # the sampler runs on vocabulary-split logits (tp > 1)
     precompiling: bool = False  # set while upstream precompiles
     slot_state: SlotState | None = None  # the sampler's device state, owned by the step thread
     # (request ids, error) of sampler calls that failed, for the scheduler thread to fail.
@@ -443,9 +444,9 @@ def _with_rows(
     packed = pack_rows(host_rows, slots)
     device_rows = jax.device_put(packed, NamedSharding(mesh, P("data", None)))
     children, aux = stock.tree_flatten()
-    aux = {k: v for k, v in aux.items() if k != "rollout_config"}
+    aux = {k: v for k, v in aux.items() if k not in RolloutSamplingMetadata.STATIC_FIELDS}
     metadata = RolloutSamplingMetadata.tree_unflatten(
-        {**aux, "rollout_config": config},
+        {**aux, "rollout_config": config, "rollout_vocab_parallel": False},
         (*children[: upstream.STOCK_METADATA_CHILDREN], device_rows, None),
     )
     metadata.rollout_rids = rids
@@ -506,6 +507,7 @@ def _sample_step(original, runner, hooks: EngineHooks, logits_output, sampling_m
         state = fresh if state is None else fresh._replace(num_generated=state.num_generated)
     metadata = copy.copy(sampling_metadata)
     metadata.rollout_state = state if config.penalties else state.without_tables()
+    metadata.rollout_vocab_parallel = hooks.vocab_parallel
     ids, logits, out = original(runner, logits_output, metadata)
     advanced = out.rollout_state
     out.rollout_state = None

@@ -4,8 +4,9 @@ Owns:
 - `RolloutSamplingMetadata`: sgl-jax's `SamplingMetadata` plus two children, our rows for the
   step (`rows.PackedRows`, unpacked to a `SamplingBatch` inside the jitted step) and the
   device state of the request slots (`slot_state.SlotState`, attached on the thread that runs
-  the step), and our static `SamplerConfig` in the aux data (one compile per config and batch
-  bucket; per-row settings never recompile).
+  the step), and in the aux data our static `SamplerConfig` and whether the sampler runs
+  vocabulary-parallel (one compile per config and batch bucket; per-row settings never
+  recompile).
 - `RolloutLogitsOutput`: sgl-jax's `LogitsProcessorOutput` (12 fixed pytree children) plus
   our per-token entropy and top logprobs and the advanced slot state. Extra attributes on the
   stock class would be dropped at the jit boundary, hence a registered subclass.
@@ -18,6 +19,7 @@ math lives in `sgl_jax_rollout.sampling`.
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -31,6 +33,7 @@ from sgl_jax_rollout.engine.rows import PackedRows, slot_columns, unpack_rows
 from sgl_jax_rollout.engine.slot_state import SlotState
 from sgl_jax_rollout.sampling.batch import SamplerConfig, SamplerOutput
 from sgl_jax_rollout.sampling.sampler import sample
+from sgl_jax_rollout.sampling.vocab_parallel import sample_vocab_parallel
 
 LogitsProcessorOutput = upstream.get("LogitsProcessorOutput")
 SamplingMetadata = upstream.get("SamplingMetadata")
@@ -44,18 +47,23 @@ class RolloutSamplingMetadata(SamplingMetadata):
     rollout_rows: PackedRows | None = None
     rollout_state: SlotState | None = None
     rollout_config: SamplerConfig | None = None
+    rollout_vocab_parallel: bool = False
+    # Our static fields, carried in the aux data (part of the compile key).
+    STATIC_FIELDS: ClassVar[tuple[str, ...]] = ("rollout_config", "rollout_vocab_parallel")
 
     def tree_flatten(self):
         children, aux = super().tree_flatten()
         extra = (self.rollout_rows, self.rollout_state)
-        return (*children, *extra), {**aux, "rollout_config": self.rollout_config}
+        ours = {name: getattr(self, name) for name in self.STATIC_FIELDS}
+        return (*children, *extra), {**aux, **ours}
 
     @classmethod
     def tree_unflatten(cls, aux_data, children):
-        stock = {k: v for k, v in aux_data.items() if k != "rollout_config"}
+        stock = {k: v for k, v in aux_data.items() if k not in cls.STATIC_FIELDS}
         obj = super().tree_unflatten(stock, children[:STOCK_METADATA_CHILDREN])
         obj.rollout_rows, obj.rollout_state = children[STOCK_METADATA_CHILDREN:]
-        obj.rollout_config = aux_data["rollout_config"]
+        for name in cls.STATIC_FIELDS:
+            setattr(obj, name, aux_data[name])
         return obj
 
 
@@ -117,9 +125,10 @@ class RolloutSampler(nnx.Module):
                 "RolloutSampler needs RolloutSamplingMetadata: the from_model_worker_batch "
                 "patch of sgl_jax_rollout.engine.patches is not installed"
             )
-        logits = jax.sharding.reshard(
-            logits_output.next_token_logits, NamedSharding(self.mesh, P("data", None))
-        )
+        vocab_parallel = sampling_metadata.rollout_vocab_parallel
+        logits = logits_output.next_token_logits
+        if not vocab_parallel:
+            logits = jax.sharding.reshard(logits, NamedSharding(self.mesh, P("data", None)))
         if sampling_metadata.rollout_state is None:
             raise TypeError("RolloutSampler needs the slot state: patches.py attaches it")
         out, state = self._sample(
@@ -127,6 +136,7 @@ class RolloutSampler(nnx.Module):
             sampling_metadata.rollout_rows,
             sampling_metadata.rollout_state,
             sampling_metadata.rollout_config,
+            vocab_parallel,
         )
         replicated = NamedSharding(self.mesh, P(None))
         ids = jax.sharding.reshard(
@@ -142,10 +152,16 @@ class RolloutSampler(nnx.Module):
         return ids, logits, result
 
     def _sample(
-        self, logits, packed: PackedRows, state: SlotState, config: SamplerConfig
+        self,
+        logits,
+        packed: PackedRows,
+        state: SlotState,
+        config: SamplerConfig,
+        vocab_parallel: bool,
     ) -> tuple[SamplerOutput, SlotState]:
-        """The rows take their slots' state, our sampler runs, the slots advance; in
-        auto-sharding mode (its gathers have no explicit out-sharding)."""
+        """The rows take their slots' state, our sampler runs (on the vocabulary-split logits
+        with `vocab_parallel`, else on logits gathered to `P("data", None)`), the slots
+        advance; in auto-sharding mode (its gathers have no explicit out-sharding)."""
         rows = NamedSharding(self.mesh, P("data"))
         table = NamedSharding(self.mesh, P("data", None))
         shardings = SamplerOutput(
@@ -161,7 +177,11 @@ class RolloutSampler(nnx.Module):
         def step(logits, packed, state):
             slot, join = slot_columns(packed)
             batch = slot_state.joined(state, unpack_rows(packed), slot, join)
-            out = sample(logits, batch, config=config)
+            if vocab_parallel:
+                # The context mesh: the runner's, with Auto axes inside `auto_axes`.
+                out = sample_vocab_parallel(logits, batch, config, batch_axis="data")
+            else:
+                out = sample(logits, batch, config=config)
             return out, slot_state.advanced(state, batch, slot, out.tokens)
 
         run = jax.sharding.auto_axes(step, out_sharding=(shardings, state_shardings))

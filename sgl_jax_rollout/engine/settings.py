@@ -51,6 +51,11 @@ class EngineSettings:
     scheduler (the host prepares step t + 1 while the device runs step t); None (default):
     on, as upstream defaults, except on CPU (`overlap_on`), where the pinned sgl-jax gives
     wrong logits to some requests of a run now and then with it on (`CPU_OVERLAP_DEFECT`).
+    `vocab_parallel_sampler` (default True): with more than one device on the tensor axis,
+    the sampler runs on each device's columns of the vocabulary-split logits
+    (`sampling.vocab_parallel`); False gathers the logits to every device first and runs it
+    whole there, as sgl-jax's own sampler does (same results, an all-gather of `[batch,
+    vocab]` per step).
     """
 
     dtype: str = "auto"
@@ -73,6 +78,7 @@ class EngineSettings:
     log_level: str = "error"
     sampler_modes: tuple[dict[str, Any], ...] = ()
     overlap_schedule: bool | None = None
+    vocab_parallel_sampler: bool = True
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -138,6 +144,10 @@ class EngineSettings:
             raise ValueError(f"extra must not set {forced}: the rollout fixes them")
         if "disable_overlap_schedule" in self.extra:
             raise ValueError("extra must not set disable_overlap_schedule: use overlap_schedule")
+        if not isinstance(self.vocab_parallel_sampler, bool):
+            raise ValueError(
+                f"vocab_parallel_sampler must be True or False, got {self.vocab_parallel_sampler!r}"
+            )
         if self.overlap_schedule is not None and not isinstance(self.overlap_schedule, bool):
             raise ValueError(
                 "overlap_schedule must be True, False or None (auto), "

@@ -37,14 +37,18 @@ def sample_vocab_parallel(
     batch: SamplingBatch,
     config: SamplerConfig = DEFAULT_CONFIG,
     *,
-    mesh: Mesh,
+    mesh: Mesh | None = None,
     vocab_axis: str = "tensor",
     batch_axis: str | None = None,
 ) -> SamplerOutput:
-    """One decode step with `logits` split over `mesh`'s `vocab_axis` (and the rows over
-    `batch_axis`, if given); outputs are split over `batch_axis` only."""
+    """One decode step with `logits` split over the mesh's `vocab_axis` (and the rows over
+    `batch_axis`, if given); outputs are split over `batch_axis` only. `mesh` None: the
+    context mesh (`jax.set_mesh`, or the engine's, inside its `auto_axes` step)."""
+    devices = mesh if mesh is not None else jax.sharding.get_abstract_mesh()
+    if devices.empty:
+        raise ValueError("sample_vocab_parallel needs a mesh: pass mesh= or use jax.set_mesh")
     vocab_size = logits.shape[1]
-    shards = mesh.shape[vocab_axis]
+    shards = devices.shape[vocab_axis]
     if vocab_size % shards:
         raise ValueError(
             f"the vocabulary ({vocab_size}) must divide evenly over the {shards} devices of "
@@ -52,13 +56,17 @@ def sample_vocab_parallel(
         )
     step = functools.partial(sample_step, config=config, vocab=Vocab(vocab_size, vocab_axis))
     in_specs = (P(batch_axis, vocab_axis), batch_specs(batch, batch_axis, vocab_axis))
-    if all(t == AxisType.Explicit for t in mesh.axis_types):
+    if all(t == AxisType.Explicit for t in devices.axis_types):
         # Explicit axes: shard_map takes inputs only as its specs say (a no-op for logits
         # that come out of a tensor-parallel LM head, a local slice for replicated rows).
+        # Under Auto axes (the engine's step) the partitioner lays them out.
         logits, batch = jax.tree.map(
-            lambda x, spec: jax.sharding.reshard(x, NamedSharding(mesh, spec)),
+            lambda x, spec: jax.sharding.reshard(
+                x, spec if mesh is None else NamedSharding(mesh, spec)
+            ),
             (logits, batch),
             in_specs,
+            is_leaf=lambda x: isinstance(x, P),
         )
     # check_vma off: the stages' `lax.cond` branches return constants on one side and
     # per-row values on the other; the outputs equal on every vocabulary shard is what the

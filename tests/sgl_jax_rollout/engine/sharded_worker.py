@@ -66,6 +66,7 @@ def main() -> None:
     try:
         result = {
             "devices": jax.device_count(),
+            "vocab_parallel": rollout.engine.vocab_parallel_sampler,
             "before": greedy(rollout),
             "sampled": greedy(rollout, sampled=True),
         }

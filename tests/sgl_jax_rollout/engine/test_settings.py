@@ -25,6 +25,7 @@ from sgl_jax_rollout.engine.settings import FORCED, EngineSettings
         (dict(extra={"enable_mixed_chunk": True}), "extra"),
         (dict(extra={"disable_overlap_schedule": True}), "use overlap_schedule"),
         (dict(overlap_schedule=1), "overlap_schedule must be True, False or None"),
+        (dict(vocab_parallel_sampler=None), "vocab_parallel_sampler must be True or False"),
         (dict(max_prefill_tokens=10), "max_prefill_tokens"),
         (dict(sampler_modes={"entropy_top_k": 8}), "sampler_modes must be a list"),
         (dict(sampler_modes=[{"entropy_topk": 8}]), r"sampler_modes\[0\] has unknown"),

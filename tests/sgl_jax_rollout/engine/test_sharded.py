@@ -2,7 +2,7 @@
 its own subprocess: tests/sgl_jax_rollout/engine/sharded_worker.py).
 
 - tp = 2 and dp = 2 x tp = 2 give the tokens, logprobs and entropy of tp = 1 (<= 1e-4),
-  greedy and seeded sampling;
+  greedy and seeded sampling, with the sampler running vocabulary-parallel (its default);
 - `update_params` with trainer weights laid out fsdp = 4 x tp = 2 over all 8 devices lands
   every leaf on the engine's own sharding, split across the engine's devices (no full copy
   on one device: per-leaf shard sizes, and the mapping program's per-device memory), and the
@@ -58,6 +58,7 @@ def assert_same_generation(a: dict, b: dict) -> None:
 def test_tp2_matches_tp1(run):
     one, two = run(1, 1, swap=True), run(2, 1, swap=True)
     assert one["devices"] == two["devices"] == 8
+    assert two["vocab_parallel"] and not one["vocab_parallel"]
     assert all(len(leaf["devices"]) == 2 for leaf in two["engine"])
     assert any(leaf["largest_shard"] < leaf["size"] for leaf in two["engine"])
     assert all(len(row) == 16 for row in one["before"]["tokens"])
@@ -69,6 +70,7 @@ def test_dp2_tp2_matches_tp1(run):
     """dp = 2 x tp = 2 (4 devices): requests land on both dp ranks (4 greedy, then 8 seeded
     samples with top-k and a repetition penalty, so every row's own settings matter)."""
     one, dp = run(1, 1, swap=True), run(4, 2)
+    assert dp["vocab_parallel"]
     assert all(len(leaf["devices"]) == 4 for leaf in dp["engine"])
     assert len(dp["sampled"]["tokens"]) == 8
     assert_same_generation(one["before"], dp["before"])
