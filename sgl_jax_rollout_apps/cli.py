@@ -6,7 +6,9 @@ reported fast). Subcommands: `demo` (the main job, `sgl_jax_rollout_apps.demo`),
 `check --model-path DIR` (the pre-flight, `tunix_adapter.check`), `make-tiny-model DIR [--arch
 A | --like NAME [--real-size [--layers N]]]`, `bench sampler|rollout|weights [--json]
 [--real-size-layers N]`, `bench soak [--requests N] [--cycles C] [--json]` (exits 1 when the
-soak finds a bad completion or memory growth).
+soak finds a bad completion or memory growth), `launch --processes N --devices-per-process D
+-- COMMAND` (COMMAND as N JAX processes on this machine: `sgl_jax_rollout_apps.launch`). Every
+subcommand first joins the launcher's JAX processes when it runs under `launch`.
 """
 
 from __future__ import annotations
@@ -252,6 +254,15 @@ def _variant_fields(args: argparse.Namespace) -> dict:
     return {name: value for name, value in fields.items() if value is not None}
 
 
+def _launch(args: argparse.Namespace) -> int:
+    from sgl_jax_rollout_apps.launch import launch
+
+    command = args.launched[1:] if args.launched[:1] == ["--"] else args.launched
+    if command[:1] and command[0] in args.subcommands:
+        command = [sys.executable, "-m", "sgl_jax_rollout_apps.cli", *command]
+    return launch(command, args.processes, args.devices_per_process, args.timeout)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from sgl_jax_rollout.tiny_model.builder import (
         ARCHITECTURES,
@@ -437,6 +448,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--seed", type=int, default=0, help="soak: prompts, mix and sampling")
     bench.set_defaults(func=_bench)
+
+    run = sub.add_parser(
+        "launch",
+        help="run a command as N JAX processes on this machine (simulated hosts)",
+        description="Runs COMMAND (a sgl-jax-rollout subcommand, or any command) as N "
+        "processes, each with its own simulated CPU devices and joined into one JAX system "
+        "(jax.distributed on a local coordinator). Output lines carry [p<i>]; the first "
+        "process that fails, the time limit or Ctrl-C ends them all.",
+    )
+    run.add_argument("--processes", type=int, default=2, help="JAX processes (>= 1)")
+    run.add_argument(
+        "--devices-per-process", type=int, default=4, help="simulated CPU devices each (>= 1)"
+    )
+    run.add_argument("--timeout", type=float, default=1800.0, help="seconds for the whole run")
+    run.add_argument("launched", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
+    run.set_defaults(func=_launch, subcommands=tuple(sub.choices))
     return parser
 
 
@@ -457,6 +484,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--real-size-layers must be in [0, 28], got {args.real_size_layers}")
     if args.command == "make-tiny-model" and args.layers is not None and not args.real_size:
         parser.error("--layers needs --real-size")
+    if args.command == "launch" and not [a for a in args.launched if a != "--"]:
+        parser.error("launch needs a command after --")
+    if args.command != "launch":
+        from sgl_jax_rollout_apps.launch import initialize_from_env
+
+        initialize_from_env()
     try:
         return args.func(args)
     except ValueError as err:

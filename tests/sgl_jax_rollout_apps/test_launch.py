@@ -1,0 +1,74 @@
+"""`sgl-jax-rollout launch`: N JAX processes on this machine joined into one system; the
+first failure or the time limit ends every process (tests/sgl_jax_rollout_apps/launch_probe.py
+is the launched command)."""
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PROBE = [sys.executable, "-m", "tests.sgl_jax_rollout_apps.launch_probe"]
+
+
+def _launch(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "sgl_jax_rollout_apps.cli", "launch", *args],
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def _alive(pid_file: Path) -> bool:
+    pid = int(pid_file.read_text())
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie (ended, not yet reaped by its parent) is not running
+    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+
+
+def test_two_processes_of_four_devices_are_one_jax_system():
+    done = _launch("--processes", "2", "--devices-per-process", "4", "--", *PROBE, "sum")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for rank in (0, 1):
+        # every device of both processes contributed: 0 + 1 + ... + 7
+        assert f"[p{rank}] RESULT processes=2 devices=8 local=4 sum=28" in done.stdout
+
+
+def test_a_failing_process_ends_the_others(tmp_path):
+    pids = tmp_path / "pid"
+    start = time.monotonic()
+    done = _launch("--processes", "3", "--", *PROBE, "fail", str(pids))
+    assert done.returncode == 3
+    assert "process 1 exited with 3" in done.stderr
+    assert time.monotonic() - start < 60
+    assert not any(_alive(tmp_path / f"pid.{rank}") for rank in range(3))
+
+
+def test_the_time_limit_ends_every_process(tmp_path):
+    pids = tmp_path / "pid"
+    done = _launch("--timeout", "3", "--", *PROBE, "sleep", str(pids))
+    assert done.returncode == 124
+    assert "time limit of 3 s" in done.stderr
+    assert not any(_alive(tmp_path / f"pid.{rank}") for rank in range(2))
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--processes", "0", "--", "true"], "processes must be >= 1"),
+        (["--devices-per-process", "0", "--", "true"], "devices_per_process must be >= 1"),
+        (["--"], "launch needs a command after --"),
+    ],
+)
+def test_bad_arguments_are_named(args, message):
+    done = _launch(*args)
+    assert done.returncode == 2 and message in done.stderr
