@@ -89,6 +89,22 @@ def pytest_runtest_makereport(item, call):
         report.longrepr = f"engine test skipped while {REQUIRE_ENGINE_VAR}=1: {reason}"
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    """Between test modules (after their fixtures, engines included, are torn down), outside
+    the session engine's lifetime (it starts with the first phase-1 test and ends in phase
+    2), drop every compiled program. XLA's CPU backend maps each executable's code into
+    memory, and an engine's programs stay mapped after its shutdown (about 3,500 mappings
+    each, held by jax's caches): a whole run starts a score of engines in one process and
+    reached the kernel's 65,530 mappings (`vm.max_map_count`), where LLVM fails to allocate
+    and the process segfaults."""
+    if nextitem is None or nextitem.module is item.module or engine_phase(item) == 1:
+        return
+    import jax
+
+    jax.clear_caches()
+
+
 def perturbed(state, scale: float = 0.5, seed: int = 0):
     """`state` with seeded normal noise of std `scale` added to every leaf."""
     import jax
