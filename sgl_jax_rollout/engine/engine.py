@@ -79,7 +79,7 @@ class RolloutEngine:
             )
         if jax.default_backend() == "cpu" and settings.overlap_schedule:
             logger.warning("overlap_schedule=True: %s", CPU_OVERLAP_DEFECT)
-        settings = _on_devices(settings, jax.device_count())
+        settings = _on_devices(settings, jax.devices())
         from transformers import AutoTokenizer
 
         model_config = json.loads(config_file.read_text())
@@ -508,23 +508,25 @@ def _summary(failures: Sequence[str], total: int, what: str = "requests") -> str
     return f"{len(failures)} of {total} {what} failed: {shown}"
 
 
-def _on_devices(settings: EngineSettings, available: int) -> EngineSettings:
-    """Checks the engine's devices against the process's; without `device_indexes`, the
-    engine takes the first `tp_size` devices (sgl-jax itself would demand all of them)."""
+def _on_devices(settings: EngineSettings, devices: list) -> EngineSettings:
+    """Checks the engine's devices against the process's (`jax.devices()`: with several JAX
+    processes, every process's devices, by id); without `device_indexes`, the engine takes
+    the first `tp_size` devices (sgl-jax itself would demand all of them)."""
     if settings.device_indexes is not None:
-        bad = [i for i in settings.device_indexes if i >= available]
+        ids = {d.id for d in devices}
+        bad = [i for i in settings.device_indexes if i not in ids]
         if bad:
             raise ValueError(
                 f"device_indexes {list(settings.device_indexes)} name devices {bad}, but this "
-                f"process sees {available} (jax.device_count())"
+                f"process sees devices {sorted(ids)} (jax.devices())"
             )
         return settings
-    if settings.tp_size > available:
+    if settings.tp_size > len(devices):
         raise ValueError(
-            f"tp_size is {settings.tp_size} devices, but this process sees {available} "
+            f"tp_size is {settings.tp_size} devices, but this process sees {len(devices)} "
             "(jax.device_count())"
         )
-    return settings.replace(device_indexes=tuple(range(settings.tp_size)))
+    return settings.replace(device_indexes=tuple(d.id for d in devices[: settings.tp_size]))
 
 
 def reported_input_id(token: int, vocab_size: int) -> int:
