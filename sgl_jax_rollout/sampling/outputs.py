@@ -121,7 +121,9 @@ def _raw_stats(
     return top + log_or_neg_inf(mass), mass, moment
 
 
-def _raw_top(raw: Float[Array, "batch vocab"], cand: Candidates, config: SamplerConfig, vocab):
+def _raw_top(
+    raw: Float[Array, "batch vocab"], cand: Candidates, config: SamplerConfig, vocab: Vocab
+):
     """(values, ids) of the largest raw logits, as many as raw top-k entropy or raw top
     logprobs need: the candidates' own when no penalty can reorder them."""
     entropy_k = config.entropy_top_k if config.return_entropy else 0
