@@ -64,7 +64,7 @@ def launch(
     if not command:
         raise ValueError("no command to launch (give it after --)")
     address = f"127.0.0.1:{_free_port()}"
-    children = []
+    children, relays = [], []
     try:
         for rank in range(processes):
             env = dict(
@@ -85,10 +85,13 @@ def launch(
                 start_new_session=True,  # its own process group, ended as a whole
             )
             children.append(child)
-            threading.Thread(target=_relay, args=(child, rank), daemon=True).start()
+            relays.append(threading.Thread(target=_relay, args=(child, rank), daemon=True))
+            relays[-1].start()
         return _wait(children, time.monotonic() + timeout_s, timeout_s)
     finally:
         _end(children)
+        for relay in relays:  # every line the processes wrote is out before we return
+            relay.join(timeout=GRACE_S)
 
 
 def _wait(children: list[subprocess.Popen], deadline: float, timeout_s: float) -> int:
