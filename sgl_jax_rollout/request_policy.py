@@ -8,7 +8,8 @@ and the rollout's default options:
 - `prompt_ids`: a prompt's ids with one BOS (where the tokenizer has one), cut from the left to
   `max_prompt_length` with a warning;
 - `seeds`: one seed per sample (`rollout_inputs.sample_seeds`: an int gives every row its own
-  stream, a list one seed per prompt, None fresh seeds from the rollout's generator);
+  stream, a list one seed per prompt, None fresh seeds from the rollout's generator; with one
+  process per host, this process's rows are its share of the global batch's rows);
 - `stop_rules`: the ids that end a completion (the model's EOS ids, `eos_tokens`, the options'
   `stop_token_ids` and the pad id, which tunix's trainer reads as padding) and the ids held back
   from the decoded text;
@@ -27,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from sgl_jax_rollout import rollout_inputs as inputs
+from sgl_jax_rollout.engine.hosts import process_share
 from sgl_jax_rollout.engine.rows import RequestSpec
 from sgl_jax_rollout.sampling.options import SamplingOptions
 from sgl_jax_rollout.session import Sampled
@@ -99,7 +101,9 @@ class RequestPolicy:
         return ids
 
     def seeds(self, seed: Any, num_prompts: int, n: int) -> list[int]:
-        return inputs.sample_seeds(seed, num_prompts, n, self._fresh_seeds)
+        """One seed per sample; with several JAX processes, this process's share of the global
+        batch's seeds (`hosts.process_share`)."""
+        return inputs.sample_seeds(seed, num_prompts, n, self._fresh_seeds, process_share())
 
     def stop_rules(
         self, options: SamplingOptions, rollout_config: Any

@@ -52,7 +52,13 @@ def options_for_call(
     return options.replace(**dict(overrides))
 
 
-def sample_seeds(seed: Any, num_prompts: int, n: int, fresh: np.random.Generator) -> list[int]:
+def sample_seeds(
+    seed: Any,
+    num_prompts: int,
+    n: int,
+    fresh: np.random.Generator,
+    share: tuple[int, int] = (0, 1),
+) -> list[int]:
     """One seed per sample, prompt-major (`[p0s0, p0s1, ..., p1s0, ...]`).
 
     - None: fresh seeds drawn from `fresh` (the rollout's own generator).
@@ -62,18 +68,26 @@ def sample_seeds(seed: Any, num_prompts: int, n: int, fresh: np.random.Generator
       derived from (seed[i], j); the same per-prompt seed reproduces its samples.
     - a JAX PRNG key (a typed key, or uint32 key data such as `jax.random.PRNGKey(0)`, which
       is how tunix's own samplers read the field): one stream, like an int.
+
+    `share` = (index, count): these rows are share `index` of `count` equal shares of a global
+    batch (one per JAX process, `sgl_jax_rollout.hosts`). An int, a key or None then gives
+    them the seeds of rows `index * rows ...` of the global batch: every row of every share
+    its own stream, the same as one process sampling the whole batch. Per-prompt seeds are
+    the caller's and are used as given.
     """
     rows = num_prompts * n
+    index, count = share
+    first = index * rows
     if seed is None:
-        return [int(s) for s in fresh.integers(0, MAX_SEED, size=rows)]
+        return [int(s) for s in fresh.integers(0, MAX_SEED, size=count * rows)[first:][:rows]]
     key_words = _prng_key_words(seed)
     if key_words is not None:  # a JAX PRNG key (RolloutConfig.seed's type): one stream
         base = _derive(*key_words)
-        return [_derive(base, r) for r in range(rows)]
+        return [_derive(base, first + r) for r in range(rows)]
     values = np.asarray(seed)
     if values.ndim == 0:
         base = _as_seed(values.item(), "seed")
-        return [_derive(base, r) for r in range(rows)]
+        return [_derive(base, first + r) for r in range(rows)]
     flat = [_as_seed(v, "seed") for v in values.reshape(-1).tolist()]
     if len(flat) != num_prompts:
         raise ValueError(

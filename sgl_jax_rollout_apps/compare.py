@@ -160,7 +160,7 @@ def _build(config: CompareConfig):
 
     model_path = Path(config.model_path) if config.model_path else default_model_dir()
     settings: Any = DEMO_ENGINE_SETTINGS
-    mesh = None
+    mesh = rollout_mesh = None
     if config.preset:
         import tpu_configs
 
@@ -168,10 +168,10 @@ def _build(config: CompareConfig):
         preset.check_devices()
         preset.check_model(model_path)
         settings = preset.engine_settings()
-        mesh, _ = preset.meshes()
+        mesh, rollout_mesh = preset.meshes()
     trainer = load_tunix_model(model_path, mesh)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    ours = SglangJaxRollout(model_path=model_path, engine_settings=settings)
+    ours = SglangJaxRollout(model_path=model_path, engine_settings=settings, mesh=rollout_mesh)
     try:
         other = _other(config, trainer, tokenizer, mesh, model_path)
     except BaseException:

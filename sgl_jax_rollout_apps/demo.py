@@ -142,6 +142,27 @@ def prompts(count: int, seed: int) -> list[str]:
     return [f"Tell me about the {rng.choice(_SUBJECTS)}:" for _ in range(count)]
 
 
+def local_prompts(config: DemoConfig, step: int) -> list[str]:
+    """This process's share of step `step`'s prompts: all of them in one process; with one
+    process per host, process p's consecutive share (tunix assembles the trainer's batch from
+    every process's share, in process order)."""
+    index, count = _share(config)
+    share = config.prompts_per_step // count
+    return prompts(config.prompts_per_step, config.seed * 100_003 + step)[index * share :][:share]
+
+
+def _share(config: DemoConfig) -> tuple[int, int]:
+    from sgl_jax_rollout.engine.hosts import process_share
+
+    index, count = process_share()
+    if config.prompts_per_step % count:
+        raise ValueError(
+            f"prompts_per_step ({config.prompts_per_step}) must be a multiple of the JAX "
+            f"process count ({count}): every host samples an equal share"
+        )
+    return index, count
+
+
 def run(config: DemoConfig) -> list[dict[str, float]]:
     """Trains for `config.steps` global steps; returns one dict of `REPORTED` per step."""
     if config.out:
@@ -185,12 +206,13 @@ def build(config: DemoConfig):
         kv_cache_size=128,
     )
     preset = tpu_configs.load(config.preset) if config.preset else None
+    per_process = config.prompts_per_step // _share(config)[1]
     training = RLTrainingConfig(
         actor_optimizer=optax.adam(config.learning_rate),
         critic_optimizer=optax.adam(config.learning_rate) if config.algo == "ppo" else None,
         eval_every_n_steps=10**9,
         max_steps=config.steps,
-        rollout_micro_batch_size=_rollout_micro_batch(preset, config.prompts_per_step),
+        rollout_micro_batch_size=_rollout_micro_batch(preset, per_process),
     )
     cluster = build_cluster(
         rollout=config.rollout,
@@ -247,7 +269,7 @@ def train(config: DemoConfig, cluster, learner, shutdown: bool = True) -> list[d
     try:
         batches = [
             # numpy arrays, as tunix's data pipelines give them (it repeats them along axis 0)
-            {"prompts": np.array(prompts(config.prompts_per_step, config.seed * 100_003 + step))}
+            {"prompts": np.array(local_prompts(config, step))}
             for step in range(config.steps)
         ]
         with count_compiles() as compiles:  # read by `record`

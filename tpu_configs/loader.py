@@ -4,16 +4,21 @@ Owns `Preset` and `load(name, **overrides)` / `names()`. Presets are data: one Y
 slice under `tpu_configs/presets/`. A preset says how many devices the slice has, how the
 trainer (fsdp x tp) and the rollout engine (dp x tp) lay out over them, whether the two share
 devices, the engine settings (sgl_jax_rollout's `EngineSettings` names) and the rollout
-micro-batch size.
+micro-batch size. On several hosts the trainer spans every device and each host runs its own
+engine on its own devices (its first ones): the rollout mesh is one host's (docs/design.md
+section 10).
 
 Checks, each error naming the field:
-- at load: meshes fill the slice's devices (shared: each mesh covers all; disjoint: the two
-  together), every tp divides the device count, the engine settings are valid (paddings
-  sorted, batch paddings covering `max_running_requests`, token paddings covering one prefill
-  step, memory fraction in (0, 1)) and `max_running_requests` covers the rollout micro-batch;
+- at load: meshes fill the slice's devices (shared: each mesh covers all; disjoint, one host
+  only: the two together); on several hosts the rollout mesh fits on one host, with dp 1;
+  every tp divides the device count, the engine settings are valid (paddings sorted, batch
+  paddings covering `max_running_requests`, token paddings covering one prefill step, memory
+  fraction in (0, 1)) and `max_running_requests` covers the rollout micro-batch;
 - `check_model(model_dir)`: every tp divides the model's kv heads;
-- `check_devices()`: the preset's device count equals `jax.device_count()` (before any
-  mesh or engine is built, so the user gets this message, not an XLA error).
+- `check_devices()`: the preset's device count equals `jax.device_count()`, and the process
+  count is `hosts` (or 1: one process with every device, such as the single-process run a
+  simulated pod is compared with), before any mesh or engine is built, so the user gets this
+  message, not an XLA error.
 
 Imports no jax at module level; `meshes()` and `check_devices()` import it when called.
 """
@@ -77,24 +82,42 @@ class Preset:
         return self.rollout_dp * self.rollout_tp
 
     def rollout_device_ids(self) -> tuple[int, ...]:
-        """Indexes (into `jax.devices()`) of the rollout engine's devices."""
-        start = 0 if self.shared_devices else self.trainer_devices
+        """Positions of the rollout engine's devices: in `jax.devices()` on one host; in
+        `jax.local_devices()` (the host's own) on several, where every host runs an engine."""
+        start = 0 if self.shared_devices or self.hosts > 1 else self.trainer_devices
         return tuple(range(start, start + self.rollout_devices))
 
+    def rollout_device_list(self) -> list[Any]:
+        """This process's rollout engine devices (`rollout_device_ids` of its device list)."""
+        import jax
+
+        devices = jax.local_devices() if self.hosts > 1 else jax.devices()
+        if len(devices) < self.rollout_devices:
+            raise PresetError(
+                f"preset {self.name!r}: rollout_mesh needs {self.rollout_devices} devices of "
+                f"this {'host' if self.hosts > 1 else 'process'}, it has {len(devices)}"
+            )
+        return [devices[i] for i in self.rollout_device_ids()]
+
     def engine_settings(self) -> EngineSettings:
-        """The engine settings with the rollout mesh's devices (`tp_size` counts them all)."""
+        """The engine settings with the rollout mesh's devices (`tp_size` counts them all).
+
+        On several hosts `device_indexes` is None here: each host's engine takes its devices
+        from its rollout mesh (`meshes()`; `SglangJaxRollout(mesh=)` sets them)."""
         return self.engine.replace(
             tp_size=self.rollout_devices,
             dp_size=self.rollout_dp,
             device_indexes=None if self.hosts > 1 else self.rollout_device_ids(),
         )
 
-    def check_devices(self, available: int | None = None) -> None:
-        """Raises `PresetError` unless this process sees the preset's device count."""
-        if available is None:
+    def check_devices(self, available: int | None = None, processes: int | None = None) -> None:
+        """Raises `PresetError` unless this process sees the preset's device count, and (on
+        several hosts) runs as one of `hosts` processes, or as the only one."""
+        if available is None or processes is None:
             import jax
 
-            available = jax.device_count()
+            available = jax.device_count() if available is None else available
+            processes = jax.process_count() if processes is None else processes
         if available != self.devices:
             hint = (
                 " Multi-host: call jax.distributed.initialize() on every host first."
@@ -105,6 +128,11 @@ class Preset:
                 f"preset {self.name!r} needs devices: {self.devices} ({self.slice}), but this "
                 f"process sees {available} (jax.device_count()). Pick the preset of this slice "
                 f"(tpu_configs.names()), or override devices and the meshes.{hint}"
+            )
+        if processes not in (1, self.hosts):
+            raise PresetError(
+                f"preset {self.name!r} has hosts: {self.hosts}, but this process is one of "
+                f"{processes} JAX processes (jax.process_count()); run one process per host"
             )
 
     def check_model(self, model_dir: str | Path) -> None:
@@ -120,7 +148,8 @@ class Preset:
                 )
 
     def meshes(self) -> tuple[Any, Any]:
-        """(trainer mesh (fsdp, tp), rollout mesh (data, tensor)) over `jax.devices()`.
+        """(trainer mesh (fsdp, tp) over `jax.devices()`, rollout mesh (data, tensor) over
+        `rollout_device_list()`: on several hosts, this host's own engine's devices).
 
         Auto axes: tunix's models index and gather without explicit output shardings.
         """
@@ -136,7 +165,7 @@ class Preset:
             axis_types=auto,
         )
         rollout = jax.sharding.Mesh(
-            devices[list(self.rollout_device_ids())].reshape(self.rollout_dp, self.rollout_tp),
+            np.asarray(self.rollout_device_list()).reshape(self.rollout_dp, self.rollout_tp),
             ROLLOUT_AXES,
             axis_types=auto,
         )
@@ -207,17 +236,33 @@ def _build(name: str, data: dict[str, Any]) -> Preset:
             raise fail(field, f"({tp}) must divide the device count ({devices})")
     used_t = trainer["fsdp"] * trainer["tp"]
     used_r = rollout["dp"] * rollout["tp"]
+    if hosts > 1 and not data["shared_devices"]:
+        raise fail(
+            "shared_devices",
+            "must be true on a multi-host slice (every host runs an engine on its own devices "
+            "and the trainer spans them all)",
+        )
     if data["shared_devices"]:
         if used_t != devices:
             raise fail("trainer_mesh", f"fsdp x tp = {used_t} must equal devices ({devices})")
-        if used_r != devices:
+        if hosts == 1 and used_r != devices:
             raise fail("rollout_mesh", f"dp x tp = {used_r} must equal devices ({devices})")
-    else:
-        if hosts > 1:
+        if hosts > 1 and used_r > devices // hosts:
             raise fail(
-                "shared_devices",
-                "must be true on a multi-host slice (sgl-jax ignores device_indexes there)",
+                "rollout_mesh",
+                f"dp x tp = {used_r} must fit on one host ({devices // hosts} devices): every "
+                "host runs its own engine",
             )
+        if hosts > 1 and rollout["dp"] > 1:
+            # sgl-jax (scheduler.run_batch, pinned commit) gathers the sampled ids with
+            # process_allgather over every JAX process at each step when dp_size > 1.
+            raise fail(
+                "rollout_mesh.dp",
+                f"must be 1 on several hosts, got {rollout['dp']}: with dp > 1 sgl-jax gathers "
+                "every step's tokens over all JAX processes, which ties the hosts' engines "
+                "together step by step",
+            )
+    else:
         if used_t + used_r != devices:
             raise fail(
                 "rollout_mesh",

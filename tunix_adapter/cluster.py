@@ -7,7 +7,8 @@ entropy concatenated in the same order; the last result stays in `last_rollout` 
 learners. It also snapshots the initial policy as tunix's anchor state, so trainer-side
 logprobs of step 0 (`get_actor_per_token_logps`) are available before the first sync
 (`snapshot_policy`; the learners call it again where the rollout shares the actor's weights
-and tunix never syncs).
+and tunix never syncs). With one JAX process per host, its trainer scoring takes every
+process's share of the batch and gives each process its own rows back (`_per_process`).
 
 `build_cluster` loads the actor (and reference, and a critic for PPO) from a model directory
 (the built-in tiny model by default) on one mesh and picks the rollout engine:
@@ -24,7 +25,10 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
 
 from sgl_jax_rollout.rollout import RolloutOutputWithEntropy
 from sgl_jax_rollout.tunix_compat import (
@@ -55,6 +59,50 @@ class RolloutCluster(RLCluster):
         self._anchor_policy_state = put_params_on_memory_kind(
             nnx.state(self.actor_trainer.model), "pinned_host"
         )
+
+    def get_actor_per_token_logps(self, prompt_tokens, completion_tokens, *args, **kwargs):
+        return self._per_process(
+            super().get_actor_per_token_logps,
+            Role.ACTOR,
+            prompt_tokens,
+            completion_tokens,
+            *args,
+            **kwargs,
+        )
+
+    def get_ref_per_token_logps(self, prompt_tokens, completion_tokens, *args, **kwargs):
+        return self._per_process(
+            super().get_ref_per_token_logps,
+            Role.REFERENCE,
+            prompt_tokens,
+            completion_tokens,
+            *args,
+            **kwargs,
+        )
+
+    def _per_process(self, score, role, prompt_tokens, completion_tokens, *args, **kwargs):
+        """Trainer scoring with one JAX process per host, where each process holds its own
+        share of the batch (what its rollout sampled).
+
+        tunix 0.1.7 assembles the global batch from the shares (`shard_input`) but then slices
+        its micro-batches by the process-local batch size (`rl_cluster.py`,
+        `get_ref_per_token_logps` / `get_actor_per_token_logps`: `batch_size =
+        prompt_tokens.shape[0]`, then `dest_prompt_tokens[batch_slice]`): every process would
+        score the first rows of the global batch, process 0's. Here the global batch goes in,
+        and this process's rows of the result come back.
+        """
+        if jax.process_count() == 1:
+            return score(prompt_tokens, completion_tokens, *args, **kwargs)
+        rows = prompt_tokens.shape[0]
+        mesh = self.cluster_config.role_to_mesh[role]
+        axes = self.cluster_config.training_config.data_sharding_axis
+        sharding = NamedSharding(mesh, PartitionSpec(*axes))
+        with jax.transfer_guard("allow"):
+            prompts, completions = (
+                jax.make_array_from_process_local_data(sharding, np.asarray(x))
+                for x in (prompt_tokens, completion_tokens)
+            )
+        return jnp.asarray(_local_rows(score(prompts, completions, *args, **kwargs), rows))
 
     def generate(self, prompts, *args: Any, **kwargs: Any) -> RolloutOutputWithEntropy:
         rollout = self.rollout
@@ -193,3 +241,35 @@ def build_cluster(
         tokenizer=AutoTokenizer.from_pretrained(model_path),
         cluster_config=config,
     )
+
+
+def _local_rows(array: Any, rows: int) -> np.ndarray:
+    """This process's `rows` rows of a trainer result over the global batch (rows
+    `index * rows ...`), read from this process's shards (no collective).
+
+    A result of `rows` rows (one process, or a process-local result) is returned whole.
+    """
+    index, count = jax.process_index(), jax.process_count()
+    if array.shape[0] == rows:
+        return np.asarray(array)
+    if array.shape[0] != rows * count:
+        raise ValueError(
+            f"a result of {array.shape[0]} rows is neither this process's {rows} rows nor the "
+            f"global batch of {count} processes x {rows}"
+        )
+    start = index * rows
+    out = np.empty((rows, *array.shape[1:]), array.dtype)
+    filled = np.zeros(rows, bool)
+    for shard in array.addressable_shards:
+        first, last, _ = shard.index[0].indices(array.shape[0]) if shard.index else (0, 0, 1)
+        lo, hi = max(first, start), min(last, start + rows)
+        if lo < hi:
+            block = np.asarray(shard.data)[lo - first : hi - first]
+            out[(slice(lo - start, hi - start), *shard.index[1:])] = block
+            filled[lo - start : hi - start] = True
+    if not filled.all():
+        raise ValueError(
+            f"rows {start}..{start + rows - 1} of the global batch are not on process {index}'s "
+            "devices: the trainer's batch axis must keep each process's share on its own devices"
+        )
+    return out

@@ -32,6 +32,7 @@ from typing import Any
 import jax
 from flax import nnx
 
+from sgl_jax_rollout.engine.hosts import HostLocal, split_over
 from sgl_jax_rollout.engine.lora import LORA_A, LORA_B, merge_lora
 
 # config.json model_type -> tunix model package with a mapping_sglang_jax module.
@@ -43,6 +44,9 @@ class WeightSwapper:
         self._runner = model_runner
         self._model_type = model_type
         self._mapper = None
+        self._host_local = HostLocal(
+            list(model_runner.model_state_leaves[0].sharding.mesh.devices.flat)
+        )
         state = nnx.state(model_runner.model)
         self._treedef = jax.tree_util.tree_structure(state)
         # The runner model's own Variables, in the order of `model_state_leaves`.
@@ -75,6 +79,8 @@ class WeightSwapper:
             raise ValueError(f"update_params: cannot read the new parameters: {err}") from err
         _refuse_non_floating(params)
         _refuse_non_floating(lora)
+        # A trainer whose arrays span processes (one process per host): this host's copy.
+        leaves, lora_leaves = self._host_local(leaves), self._host_local(lora_leaves)
         if lora is not None:
             if lora_scaling is None:
                 raise ValueError("update_params: a LoRA update needs lora_scaling (alpha / rank)")
@@ -190,14 +196,14 @@ class WeightSwapper:
 
     def _on_engine_devices(self, leaves: list) -> list:
         """Leaves on other devices than the engine's (a trainer on its own devices) are moved
-        over first, each split across the engine's devices (`_split_over`), never gathered
+        over first, each split across the engine's devices (`hosts.split_over`), never gathered
         whole on one device; one program cannot span two device sets."""
         mesh = self._runner.model_state_leaves[0].sharding.mesh
         engine_devices = set(mesh.devices.flat)
         return [
             leaf
             if not isinstance(leaf, jax.Array) or leaf.sharding.device_set == engine_devices
-            else jax.device_put(leaf, _split_over(mesh, leaf))
+            else jax.device_put(leaf, split_over(mesh, leaf))
             for leaf in leaves
         ]
 
@@ -253,24 +259,6 @@ def _lora_hint(keys: list[str]) -> str:
             "on a rollout built with the LoRA actor (rollout_actor=) and lora_scaling="
         )
     return ""
-
-
-def _split_over(mesh: jax.sharding.Mesh, leaf: jax.Array) -> jax.sharding.NamedSharding:
-    """A sharding of `leaf` over all of `mesh`'s devices: each mesh axis (largest first) splits
-    the first free dimension it divides, preferring dimensions the leaf is already split
-    along. Axes that divide no dimension replicate (small leaves: norms, biases)."""
-    src = leaf.sharding.spec if isinstance(leaf.sharding, jax.sharding.NamedSharding) else ()
-    split = [i for i, axis in enumerate(src) if axis is not None]
-    order = split + [i for i in range(leaf.ndim) if i not in split]
-    spec: list[Any] = [None] * leaf.ndim
-    for axis, size in sorted(mesh.shape.items(), key=lambda item: -item[1]):
-        if size == 1:
-            continue
-        for dim in order:
-            if spec[dim] is None and leaf.shape[dim] % size == 0:
-                spec[dim] = axis
-                break
-    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*spec))
 
 
 def _leaf_names(tree: Any) -> list[str]:
