@@ -1,5 +1,5 @@
 """Several JAX processes (one per host): what this process's engine serves, and how weights
-that span processes reach it.
+on every device (a trainer spanning the engine's devices and more) reach it.
 
 With one process per host (docs/design.md section 10) every host runs its own engine on its own
 devices and samples its own share of the global batch; tunix assembles the trainer's global
@@ -11,12 +11,13 @@ our presets' meshes). Owns:
   seeds are those of one process sampling the whole batch.
 - `split_over(mesh, leaf)`: a sharding of one weight over all of an engine mesh's devices,
   never whole on one device.
-- `HostLocal`: trainer arrays that span processes, as arrays on this host's engine devices.
-  One jitted identity over a (hosts, copies, engine) mesh of every device puts each leaf
-  replicated over hosts and split over each host's engine devices as `split_over` says; each
-  process then wraps the shards on its engine devices as arrays of its own. Nothing is gathered
-  whole on one device; the collectives are in that one compiled program
-  (`HostLocal.program`).
+- `HostLocal`: trainer arrays on every device (spanning processes, or one process's devices
+  beyond the engine's), as arrays on this host's engine devices. One jitted identity over a
+  (hosts, copies, engine) mesh of every device puts each leaf replicated over hosts and split
+  over each host's engine devices as `split_over` says; each process then wraps the shards on
+  its engine devices as arrays of its own. Nothing is gathered whole on one device, and nothing
+  passes through host memory (a `device_put` onto fewer devices does: tunix's transfer guard
+  refuses it); the collectives are in that one compiled program (`HostLocal.program`).
 """
 
 from __future__ import annotations
@@ -56,15 +57,11 @@ def split_over(mesh: Mesh, leaf: Any) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec(*spec))
 
 
-def spans_processes(leaf: Any) -> bool:
-    return isinstance(leaf, jax.Array) and not leaf.is_fully_addressable
-
-
 class HostLocal:
-    """Arrays spanning processes -> arrays on this process's engine devices, split over them.
+    """Arrays on every device -> arrays on this process's engine devices, split over them.
 
-    `engine_devices`: this process's engine devices, at the same positions of
-    `jax.local_devices()` in every process (checked across processes at the first use), their
+    `engine_devices`: this process's engine devices, its first ones (the same positions of
+    `jax.local_devices()` in every process, checked across processes at the first use), their
     count dividing the local device count.
     """
 
@@ -74,10 +71,16 @@ class HostLocal:
         self._programs: dict[tuple, tuple[Any, list[NamedSharding]]] = {}
 
     def __call__(self, leaves: list) -> list:
-        """`leaves` with each one that spans processes replaced by a copy on this process's
-        engine devices (split as `split_over` says); the others as they are. Every process
-        must call it at the same time with the same tree (it runs one collective program)."""
-        moving = [i for i, leaf in enumerate(leaves) if spans_processes(leaf)]
+        """`leaves` with each one on every device replaced by a copy on this process's engine
+        devices (split as `split_over` says); the others as they are. Every process must call
+        it at the same time with the same tree (it runs one collective program)."""
+        every = set(jax.devices())
+        moving = [
+            i
+            for i, leaf in enumerate(leaves)
+            if isinstance(leaf, jax.Array)
+            and leaf.sharding.device_set == every != set(self._engine_devices)
+        ]
         if not moving:
             return list(leaves)
         program, shardings = self.program([leaves[i] for i in moving])

@@ -79,7 +79,8 @@ class WeightSwapper:
             raise ValueError(f"update_params: cannot read the new parameters: {err}") from err
         _refuse_non_floating(params)
         _refuse_non_floating(lora)
-        # A trainer whose arrays span processes (one process per host): this host's copy.
+        # A trainer on every device (spanning hosts, or the engine's devices and more): this
+        # host's copy, on the engine's devices.
         leaves, lora_leaves = self._host_local(leaves), self._host_local(lora_leaves)
         if lora is not None:
             if lora_scaling is None:

@@ -1,0 +1,76 @@
+"""GRPO on a simulated pod (engine-marked): the demo on the `cpu-2host` preset as two JAX
+processes of 4 CPU devices (`sgl-jax-rollout launch`), each with its own engine on its first 2
+devices sampling half of every step's prompts, the trainer spanning all 8 devices; against the
+same preset in one process with 8 devices, whose one engine samples every prompt
+(tests/tunix_adapter/grpo_hosts_worker.py prints what each process sampled).
+
+Same seeds, so the same prompts, tokens and rewards in every row of every step. Step 0's
+logprobs are equal; later steps sample with weights trained across two processes, whose
+gradient sums (over gloo) round differently from one process's, so their logprobs agree to
+float32 rounding, not bit for bit. In both runs, every process's trainer scores its own rows
+within 1e-4 of its rollout at every step: weights synced across hosts, rows kept aligned.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.engine
+ROOT = Path(__file__).resolve().parents[2]
+STEPS = 3
+WORKER = [sys.executable, "-m", "tests.tunix_adapter.grpo_hosts_worker", str(STEPS)]
+
+
+def _results(command: list[str], env: dict[str, str]) -> dict[str, dict]:
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1000)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    results = {}
+    for line in done.stdout.splitlines():
+        if line.startswith("RESULT "):
+            results["single"] = json.loads(line[len("RESULT ") :])
+        rank, _, text = line.partition(" ")
+        if text.startswith("RESULT "):
+            results[rank] = json.loads(text[len("RESULT ") :])
+    return results
+
+
+def test_grpo_on_two_simulated_hosts_matches_one_process():
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    hosts = _results(
+        [sys.executable, "-m", "sgl_jax_rollout_apps.cli", "launch", "--processes", "2"]
+        + ["--devices-per-process", "4", "--timeout", "900", "--"]
+        + WORKER,
+        env,
+    )
+    single_env = dict(env, XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    single = _results(WORKER, single_env)["single"]
+    assert sorted(hosts) == ["[p0]", "[p1]"]
+    p0, p1 = hosts["[p0]"], hosts["[p1]"]
+    assert (p0["processes"], p0["devices"], single["processes"], single["devices"]) == (2, 8, 1, 8)
+    # each host's engine on its own first two devices (process 1's CPU ids start at 2048)
+    assert (p0["engine_devices"], p1["engine_devices"], single["engine_devices"]) == (
+        [0, 1],
+        [2048, 2049],
+        [0, 1],
+    )
+    assert len(single["steps"]) == len(p0["steps"]) == len(p1["steps"]) == STEPS
+    for step in range(STEPS):
+        want = single["steps"][step]
+        got = p0["steps"][step] + p1["steps"][step]  # process 0's share first
+        assert len(got) == len(want) == 16  # 4 prompts x 4 generations
+        assert [r["prompt"] for r in got] == [r["prompt"] for r in want]
+        assert [r["tokens"] for r in got] == [r["tokens"] for r in want]
+        assert [r["reward"] for r in got] == [r["reward"] for r in want]
+        tolerance = 1e-6 if step == 0 else 2e-4
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_allclose(g["logprobs"], w["logprobs"], atol=tolerance, rtol=0)
+    # the groups differ between the two hosts: each sampled its own share
+    assert p0["steps"][0] != p1["steps"][0]
+    for result in (p0, p1, single):
+        assert len(result["logp_diff_max"]) == STEPS
+        assert max(result["logp_diff_max"]) <= 1e-4, result["logp_diff_max"]
