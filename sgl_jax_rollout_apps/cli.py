@@ -123,7 +123,7 @@ def _demo(args: argparse.Namespace) -> int:
         "(or run the demo on tunix's rollout: --rollout vanilla)"
     ):
         return 2
-    from sgl_jax_rollout_apps.demo import DemoConfig, run
+    from sgl_jax_rollout_apps.demo import DemoConfig, output_dir, run
     from sgl_jax_rollout_apps.plotting import require_matplotlib
 
     if args.out:
@@ -156,10 +156,11 @@ def _demo(args: argparse.Namespace) -> int:
         return _sweep(dataclasses.replace(config, top_entropy_quantile=None), args)
     history = run(config)
     first, last = history[0]["reward_mean"], history[-1]["reward_mean"]
+    out = output_dir(config) if args.out else None
     print(
         f"{args.algo} with the {args.rollout} rollout: {len(history)} steps, reward mean "
         f"{first:.3f} -> {last:.3f}, {history[-1]['compiles_after_warmup']} XLA compiles "
-        f"after step 0; metrics in {args.out}/metrics.jsonl, plot in {args.out}/metrics.png"
+        f"after step 0; metrics in {out}/metrics.jsonl, plot in {out}/metrics.png"
     )
     return 0
 

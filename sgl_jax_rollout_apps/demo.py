@@ -5,6 +5,10 @@ each algorithm, the per-step report (tqdm bar; reward mean, completion length, r
 entropy mean, trainer/rollout logprob difference) and the outputs in `--out DIR`:
 `metrics.jsonl` (one line per step) and `metrics.png` (reward and entropy over steps).
 Every number comes from tunix's metrics buffer, through the cluster's external logger.
+
+With one process per host (`sgl-jax-rollout launch ... -- demo --preset cpu-2host`), every
+process samples its share of each step's prompts (`local_prompts`) and reports the metrics of
+that share, in `--out/process-<i>/`.
 """
 
 from __future__ import annotations
@@ -282,8 +286,15 @@ def train(config: DemoConfig, cluster, learner, shutdown: bool = True) -> list[d
     if shutdown:
         _shutdown(cluster)
     if config.out:
-        write_outputs(history, Path(config.out), config)
+        write_outputs(history, output_dir(config), config)
     return history
+
+
+def output_dir(config: DemoConfig) -> Path:
+    """`--out`, or with one process per host `--out/process-<i>`: every process reports the
+    metrics of its own share of the batch (tunix computes them per process)."""
+    index, count = _share(config)
+    return Path(config.out) / f"process-{index}" if count > 1 else Path(config.out)
 
 
 def _shutdown(cluster) -> None:

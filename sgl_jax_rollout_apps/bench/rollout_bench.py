@@ -36,7 +36,9 @@ cache flushed) against a plain `jax.device_put` copy of the same pytree: median 
 `ratios.update_vs_device_put`, and compiles counted from the second call on. Also the LoRA
 sync tunix makes with adapters on the actor (rank `LORA_RANK` on every projection): only the
 `nnx.LoRAParam` state, merged into the frozen base on the way in (`lora_update_ms`,
-`ratios.lora_vs_full_update`).
+`ratios.lora_vs_full_update`). `cross_host`: one sync from a trainer spanning two simulated
+hosts to each host's engine devices, bytes from the compiled program (`cross_host_weights.py`,
+under `sgl-jax-rollout launch`).
 """
 
 from __future__ import annotations
@@ -424,6 +426,7 @@ def run_weights(model_dir: str | Path | None = None, runs: int = 5) -> dict:
     finally:
         rollout.shutdown()
     params = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(state))
+    cross_host = _cross_host_weights(model_dir, runs)
     return {
         "model": str(model_dir),
         "device": jax.default_backend(),
@@ -438,4 +441,26 @@ def run_weights(model_dir: str | Path | None = None, runs: int = 5) -> dict:
             "lora_vs_full_update": statistics.median(lora_update) / statistics.median(update),
         },
         "recompiles_after_first_call": full_compiles + lora_compiles,
+        "cross_host": cross_host,
     }
+
+
+def _cross_host_weights(model_dir: Path, runs: int) -> dict:
+    """`cross_host_weights.py`'s measurement: two simulated hosts of 4 CPU devices each."""
+    print("bench weights: cross_host section (2 processes x 4 devices)", file=sys.stderr)
+    done = subprocess.run(
+        [sys.executable, "-m", "sgl_jax_rollout_apps.cli", "launch", "--processes", "2"]
+        + ["--devices-per-process", "4", "--timeout", "600", "--", sys.executable, "-m"]
+        + ["sgl_jax_rollout_apps.bench.cross_host_weights", str(model_dir), str(runs)],
+        capture_output=True,
+        text=True,
+        timeout=700,
+    )
+    for line in done.stdout.splitlines():
+        if line.startswith("[p0] RESULT "):
+            return json.loads(line[len("[p0] RESULT ") :])
+    raise RuntimeError(
+        f"bench weights: the cross_host measurement failed (exit {done.returncode}):\n"
+        + done.stdout[-3000:]
+        + done.stderr[-3000:]
+    )

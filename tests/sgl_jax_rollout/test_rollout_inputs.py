@@ -54,6 +54,19 @@ def test_missing_seed_draws_from_the_rollout_generator():
     assert a == b and len(set(a)) == 4
 
 
+@pytest.mark.parametrize("seed", [5, None, "key"])
+def test_process_shares_get_the_global_batchs_seeds(seed):
+    """With one process per host, each process's rows get the seeds one process sampling the
+    whole batch (4 prompts x 2) gives its rows: distinct across hosts, the same as one host."""
+    if seed == "key":
+        seed = jax.random.key(7)
+    whole = inputs.sample_seeds(seed, 4, 2, np.random.default_rng(3))
+    shares = [inputs.sample_seeds(seed, 2, 2, np.random.default_rng(3), (i, 2)) for i in (0, 1)]
+    assert shares[0] + shares[1] == whole and len(set(whole)) == 8
+    # per-prompt seeds are the caller's: used as given in every share
+    assert inputs.sample_seeds([10, 20], 2, 2, np.random.default_rng(), (1, 2))[::2] == [10, 20]
+
+
 @pytest.mark.parametrize("bad", [[1], [1, -2], [1.5, 2], "x"])
 def test_bad_seeds_raise(bad):
     with pytest.raises(ValueError, match="seed"):

@@ -12,7 +12,7 @@ import pytest
 import tpu_configs
 from tpu_configs import PresetError
 
-REQUIRED = {"cpu-debug", "v5e-1", "v5e-4", "v5e-8", "v5p-8", "v6e-8", "v5p-64"}
+REQUIRED = {"cpu-debug", "cpu-2host", "v5e-1", "v5e-4", "v5e-8", "v5p-8", "v6e-8", "v5p-64"}
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -22,7 +22,11 @@ def test_required_presets_exist_and_fill_their_devices():
         p = tpu_configs.load(name)
         assert p.name == name and p.description and p.models
         assert p.trainer_fsdp * p.trainer_tp == p.trainer_devices
-        if p.shared_devices:
+        if p.hosts > 1:  # the trainer spans every host; each host runs an engine of its own
+            assert p.shared_devices and p.trainer_devices == p.devices
+            assert p.rollout_dp == 1 and p.rollout_devices <= p.devices // p.hosts
+            assert p.rollout_device_ids() == tuple(range(p.rollout_devices))  # local positions
+        elif p.shared_devices:
             assert p.trainer_devices == p.rollout_devices == p.devices
             assert p.rollout_device_ids() == tuple(range(p.devices))
         else:
@@ -31,7 +35,7 @@ def test_required_presets_exist_and_fill_their_devices():
         settings = p.engine_settings()
         assert (settings.tp_size, settings.dp_size) == (p.rollout_devices, p.rollout_dp)
         assert settings.max_running_requests >= p.rollout_micro_batch_size
-        if name != "cpu-debug":
+        if p.slice != "cpu":
             args = settings.server_args("/m", "tpu")
             assert args["dtype"] == "bfloat16" and args["attention_backend"] == "fa"
             assert 0 < args["mem_fraction_static"] < 1 and args["max_total_tokens"] is None
@@ -43,6 +47,7 @@ def test_slices_have_their_device_counts():
     # v5p names count TensorCores (2 per chip); JAX sees chips.
     assert devices == {
         "cpu-debug": 1,
+        "cpu-2host": 8,
         "v5e-1": 1,
         "v5e-4": 4,
         "v5e-8": 8,
@@ -51,7 +56,10 @@ def test_slices_have_their_device_counts():
         "v5p-64": 32,
     }
     assert tpu_configs.load("v5p-64").hosts == 8
-    assert tpu_configs.load("v5p-64").engine_settings().device_indexes is None  # multi-host
+    v5p_64 = tpu_configs.load("v5p-64")
+    assert v5p_64.engine_settings().device_indexes is None  # each host's from its rollout mesh
+    assert (v5p_64.rollout_dp, v5p_64.rollout_tp) == (1, 4)  # one host's 4 chips
+    assert tpu_configs.load("cpu-2host").hosts == 2
 
 
 def test_overrides_merge_into_the_preset():
@@ -107,8 +115,16 @@ def test_multi_host_and_dp_rules():
             trainer_mesh={"fsdp": 16, "tp": 1},
             rollout_mesh={"dp": 2, "tp": 8},
         )
-    with pytest.raises(PresetError, match=r"multiple of rollout_mesh.dp \(4\)"):
-        tpu_configs.load("v5p-64", engine={"max_running_requests": 510})
+    with pytest.raises(PresetError, match=r"multiple of rollout_mesh.dp \(2\)"):
+        tpu_configs.load(
+            "v5e-8",
+            rollout_mesh={"dp": 2, "tp": 4},
+            engine={"max_running_requests": 255, "precompile_bs_paddings": [256]},
+        )
+    with pytest.raises(PresetError, match=r"rollout_mesh dp x tp = 8 must fit on one host \(4"):
+        tpu_configs.load("v5p-64", rollout_mesh={"dp": 1, "tp": 8})
+    with pytest.raises(PresetError, match=r"rollout_mesh.dp must be 1 on several hosts, got 2"):
+        tpu_configs.load("v5p-64", rollout_mesh={"dp": 2, "tp": 2})
     with pytest.raises(PresetError, match="unknown preset 'v7-8'"):
         tpu_configs.load("v7-8")
 
@@ -119,6 +135,10 @@ def test_device_count_is_checked_with_a_clear_message():
         tpu_configs.load("v5e-8").check_devices(4)
     with pytest.raises(PresetError, match=r"jax.distributed.initialize\(\)"):
         tpu_configs.load("v5p-64").check_devices(4)
+    tpu_configs.load("v5p-64").check_devices(32, processes=8)
+    tpu_configs.load("cpu-2host").check_devices(8, processes=1)  # the single-process run
+    with pytest.raises(PresetError, match=r"hosts: 8, but this process is one of 2 JAX"):
+        tpu_configs.load("v5p-64").check_devices(32, processes=2)
     tpu_configs.load("cpu-debug").check_devices()  # this process: one CPU device
 
 
@@ -141,7 +161,7 @@ MESHES = """
 import json, tpu_configs
 out = {}
 dp2 = {"rollout_mesh": {"dp": 2, "tp": 4}}
-for name, overrides in (("v5e-8", {}), ("v6e-8", {}), ("v5e-8", dp2)):
+for name, overrides in (("v5e-8", {}), ("v6e-8", {}), ("v5e-8", dp2), ("cpu-2host", {})):
     p = tpu_configs.load(name, **overrides)
     trainer, rollout = p.meshes()
     out[name + str(overrides)] = {
@@ -167,6 +187,11 @@ def test_meshes_on_eight_simulated_devices():
     assert got["v6e-8{}"] == {
         "trainer": [{"fsdp": 4, "tp": 1}, [0, 1, 2, 3]],
         "rollout": [{"data": 1, "tensor": 4}, [4, 5, 6, 7]],
+    }
+    # one process with the simulated pod's 8 devices: the engine on the first host's first two
+    assert got["cpu-2host{}"] == {
+        "trainer": [{"fsdp": 4, "tp": 2}, list(range(8))],
+        "rollout": [{"data": 1, "tensor": 2}, [0, 1]],
     }
     assert got["v5e-8{'rollout_mesh': {'dp': 2, 'tp': 4}}"]["rollout"][0] == {
         "data": 2,
