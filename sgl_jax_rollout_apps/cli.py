@@ -123,7 +123,7 @@ def _demo(args: argparse.Namespace) -> int:
         "(or run the demo on tunix's rollout: --rollout vanilla)"
     ):
         return 2
-    from sgl_jax_rollout_apps.demo import DemoConfig, output_dir, run
+    from sgl_jax_rollout_apps.demo import DemoConfig, output_dir, run, share
     from sgl_jax_rollout_apps.plotting import require_matplotlib
 
     if args.out:
@@ -138,6 +138,7 @@ def _demo(args: argparse.Namespace) -> int:
             algo=args.algo,
             rollout=args.rollout,
             steps=args.steps,
+            prompts_per_step=args.prompts_per_step,
             model_path=args.model_path,
             out=args.out,
             seed=args.seed,
@@ -149,6 +150,7 @@ def _demo(args: argparse.Namespace) -> int:
             lora_rank=args.lora_rank,
             lora_alpha=args.lora_alpha,
         )
+        share(config)
     except ValueError as err:
         print(f"sgl-jax-rollout: error: demo: {err}", file=sys.stderr)
         return 2
@@ -290,6 +292,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--algo", choices=["grpo", "egpo", "ppo"], default="grpo")
     demo.add_argument("--rollout", choices=["sglang_jax", "vanilla"], default="sglang_jax")
     demo.add_argument("--steps", type=int, default=20, help="training steps (>= 1)")
+    demo.add_argument(
+        "--prompts-per-step",
+        type=int,
+        default=4,
+        help="prompts per step, over every host (a multiple of the JAX process count)",
+    )
     demo.add_argument("--model-path", default=None, help="HF model dir (default: tiny model)")
     demo.add_argument("--out", default="demo_out", help="output directory (default: demo_out)")
     demo.add_argument("--seed", type=int, default=0)

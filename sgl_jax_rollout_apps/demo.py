@@ -150,12 +150,13 @@ def local_prompts(config: DemoConfig, step: int) -> list[str]:
     """This process's share of step `step`'s prompts: all of them in one process; with one
     process per host, process p's consecutive share (tunix assembles the trainer's batch from
     every process's share, in process order)."""
-    index, count = _share(config)
-    share = config.prompts_per_step // count
-    return prompts(config.prompts_per_step, config.seed * 100_003 + step)[index * share :][:share]
+    index, count = share(config)
+    rows = config.prompts_per_step // count
+    return prompts(config.prompts_per_step, config.seed * 100_003 + step)[index * rows :][:rows]
 
 
-def _share(config: DemoConfig) -> tuple[int, int]:
+def share(config: DemoConfig) -> tuple[int, int]:
+    """(this process's index, process count); ValueError unless the prompts divide evenly."""
     from sgl_jax_rollout.engine.hosts import process_share
 
     index, count = process_share()
@@ -210,7 +211,7 @@ def build(config: DemoConfig):
         kv_cache_size=128,
     )
     preset = tpu_configs.load(config.preset) if config.preset else None
-    per_process = config.prompts_per_step // _share(config)[1]
+    per_process = config.prompts_per_step // share(config)[1]
     training = RLTrainingConfig(
         actor_optimizer=optax.adam(config.learning_rate),
         critic_optimizer=optax.adam(config.learning_rate) if config.algo == "ppo" else None,
@@ -293,7 +294,7 @@ def train(config: DemoConfig, cluster, learner, shutdown: bool = True) -> list[d
 def output_dir(config: DemoConfig) -> Path:
     """`--out`, or with one process per host `--out/process-<i>`: every process reports the
     metrics of its own share of the batch (tunix computes them per process)."""
-    index, count = _share(config)
+    index, count = share(config)
     return Path(config.out) / f"process-{index}" if count > 1 else Path(config.out)
 
 

@@ -11,8 +11,10 @@ Owns the multi-process launch on one machine and the matching start-up in each p
   `jax.distributed.initialize` with those coordinates and CPU collectives over gloo. Without
   the variables (a plain run) it does nothing. `sgl-jax-rollout`'s own subcommands call it.
 
-On a real pod, one process per host calls `jax.distributed.initialize()` itself (README,
-"Multi-host"). Must not be imported by the library: it is an application.
+On a real pod, one process per host runs the same command with
+`SGL_JAX_ROLLOUT_DISTRIBUTED=auto`: `initialize_from_env()` then calls
+`jax.distributed.initialize()` without arguments (README, "Multi-host"). Must not be imported
+by the library: it is an application.
 """
 
 from __future__ import annotations
@@ -30,16 +32,28 @@ from collections.abc import Sequence
 COORDINATOR = "SGL_JAX_ROLLOUT_COORDINATOR"
 NUM_PROCESSES = "SGL_JAX_ROLLOUT_NUM_PROCESSES"
 PROCESS_ID = "SGL_JAX_ROLLOUT_PROCESS_ID"
+# Set to "auto" on every host of a real pod: jax.distributed.initialize() without arguments
+# (Cloud TPU finds the coordinator and the process's index itself).
+DISTRIBUTED = "SGL_JAX_ROLLOUT_DISTRIBUTED"
 TIMED_OUT = 124
 # Seconds a process gets to end after SIGTERM before it is killed.
 GRACE_S = 5.0
 
 
 def initialize_from_env() -> bool:
-    """`jax.distributed.initialize` from the launcher's variables (True), or nothing (False)."""
+    """`jax.distributed.initialize` from the launcher's variables, or without arguments where
+    `SGL_JAX_ROLLOUT_DISTRIBUTED=auto` (a real pod) (True); else nothing (False)."""
     address = os.environ.get(COORDINATOR)
+    mode = os.environ.get(DISTRIBUTED)
+    if mode not in (None, "", "auto"):
+        raise ValueError(f"{DISTRIBUTED} must be 'auto' or unset, got {mode!r}")
     if address is None:
-        return False
+        if mode != "auto":
+            return False
+        import jax
+
+        jax.distributed.initialize()
+        return True
     import jax
 
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
