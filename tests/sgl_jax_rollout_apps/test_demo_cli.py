@@ -24,7 +24,7 @@ def test_preset_of_another_slice_exits_2_naming_the_device_count(capsys):
     err = capsys.readouterr().err
     assert "needs devices: 8" in err and "jax.device_count()" in err and "Traceback" not in err
     assert main(["demo", "--preset", "v9-1"]) == 2
-    assert "unknown preset 'v9-1'; presets: cpu-debug" in capsys.readouterr().err
+    assert "unknown preset 'v9-1'; presets: cpu-2host, cpu-debug" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
