@@ -70,7 +70,7 @@ def sample_seeds(
       is how tunix's own samplers read the field): one stream, like an int.
 
     `share` = (index, count): these rows are share `index` of `count` equal shares of a global
-    batch (one per JAX process, `sgl_jax_rollout.hosts`). An int, a key or None then gives
+    batch (one per JAX process, `engine.hosts.process_share`). An int, a key or None then gives
     them the seeds of rows `index * rows ...` of the global batch: every row of every share
     its own stream, the same as one process sampling the whole batch. Per-prompt seeds are
     the caller's and are used as given.
