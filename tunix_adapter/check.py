@@ -153,17 +153,28 @@ def verdicts(config: CheckConfig, rollout, trainer, lora: dict | None = None) ->
 
 def perturbed(state: Any, scale: float, seed: int) -> Any:
     """`state` plus seeded normal noise of `scale` times each leaf's standard deviation (at
-    least `scale` for constant leaves such as norms and zero-initialised LoRA factors)."""
+    least `scale` for constant leaves such as norms and zero-initialised LoRA factors).
+
+    One jitted program: with one JAX process per host, a run of small eager ops on arrays that
+    span processes (each reduction a collective) can interleave its collectives differently in
+    each process on CPU, and hang."""
+    import functools
+
     import jax
 
     leaves, treedef = jax.tree_util.tree_flatten(state)
-    keys = jax.random.split(jax.random.PRNGKey(seed), len(leaves))
-    noisy = []
-    for x, key in zip(leaves, keys, strict=True):
-        sigma = x.std()
-        sigma = jax.numpy.where(sigma > 0, sigma, 1.0)
-        noisy.append(x + (scale * sigma * jax.random.normal(key, x.shape)).astype(x.dtype))
-    return jax.tree_util.tree_unflatten(treedef, noisy)
+
+    @functools.partial(jax.jit, static_argnums=(1, 2))
+    def noisy(leaves: list, scale: float, seed: int) -> list:
+        keys = jax.random.split(jax.random.PRNGKey(seed), len(leaves))
+        out = []
+        for x, key in zip(leaves, keys, strict=True):
+            sigma = x.std()
+            sigma = jax.numpy.where(sigma > 0, sigma, 1.0)
+            out.append(x + (scale * sigma * jax.random.normal(key, x.shape)).astype(x.dtype))
+        return out
+
+    return jax.tree_util.tree_unflatten(treedef, noisy(leaves, scale, seed))
 
 
 def table(rows: list[Verdict]) -> str:

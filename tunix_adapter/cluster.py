@@ -26,9 +26,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec
 
 from sgl_jax_rollout.rollout import RolloutOutputWithEntropy
 from sgl_jax_rollout.tunix_compat import (
@@ -41,6 +39,7 @@ from sgl_jax_rollout.tunix_compat import (
     reshard_model_to_mesh,
 )
 from tunix_adapter.models import load_tunix_model
+from tunix_adapter.process_batch import global_batch, local_rows
 from tunix_adapter.upstream_fixes import fix_sharing_check
 
 ROLLOUTS = ("sglang_jax", "vanilla")
@@ -93,16 +92,13 @@ class RolloutCluster(RLCluster):
         """
         if jax.process_count() == 1:
             return score(prompt_tokens, completion_tokens, *args, **kwargs)
-        rows = prompt_tokens.shape[0]
-        mesh = self.cluster_config.role_to_mesh[role]
-        axes = self.cluster_config.training_config.data_sharding_axis
-        sharding = NamedSharding(mesh, PartitionSpec(*axes))
-        with jax.transfer_guard("allow"):
-            prompts, completions = (
-                jax.make_array_from_process_local_data(sharding, np.asarray(x))
-                for x in (prompt_tokens, completion_tokens)
-            )
-        return jnp.asarray(_local_rows(score(prompts, completions, *args, **kwargs), rows))
+        prompts, completions = global_batch(
+            [prompt_tokens, completion_tokens],
+            self.cluster_config.role_to_mesh[role],
+            tuple(self.cluster_config.training_config.data_sharding_axis),
+        )
+        result = score(prompts, completions, *args, **kwargs)
+        return jnp.asarray(local_rows(result, prompt_tokens.shape[0]))
 
     def generate(self, prompts, *args: Any, **kwargs: Any) -> RolloutOutputWithEntropy:
         rollout = self.rollout
@@ -241,35 +237,3 @@ def build_cluster(
         tokenizer=AutoTokenizer.from_pretrained(model_path),
         cluster_config=config,
     )
-
-
-def _local_rows(array: Any, rows: int) -> np.ndarray:
-    """This process's `rows` rows of a trainer result over the global batch (rows
-    `index * rows ...`), read from this process's shards (no collective).
-
-    A result of `rows` rows (one process, or a process-local result) is returned whole.
-    """
-    index, count = jax.process_index(), jax.process_count()
-    if array.shape[0] == rows:
-        return np.asarray(array)
-    if array.shape[0] != rows * count:
-        raise ValueError(
-            f"a result of {array.shape[0]} rows is neither this process's {rows} rows nor the "
-            f"global batch of {count} processes x {rows}"
-        )
-    start = index * rows
-    out = np.empty((rows, *array.shape[1:]), array.dtype)
-    filled = np.zeros(rows, bool)
-    for shard in array.addressable_shards:
-        first, last, _ = shard.index[0].indices(array.shape[0]) if shard.index else (0, 0, 1)
-        lo, hi = max(first, start), min(last, start + rows)
-        if lo < hi:
-            block = np.asarray(shard.data)[lo - first : hi - first]
-            out[(slice(lo - start, hi - start), *shard.index[1:])] = block
-            filled[lo - start : hi - start] = True
-    if not filled.all():
-        raise ValueError(
-            f"rows {start}..{start + rows - 1} of the global batch are not on process {index}'s "
-            "devices: the trainer's batch axis must keep each process's share on its own devices"
-        )
-    return out

@@ -9,28 +9,33 @@ from __future__ import annotations
 import numpy as np
 
 from sgl_jax_rollout.rollout_inputs import right_pad_ids
+from tunix_adapter.process_batch import global_batch, local_rows, widest
 
 
 def trainer_scores(rollout, trainer, out, temperature: float) -> tuple[np.ndarray, np.ndarray]:
     """tunix's trainer-side logprobs `[B, L]` of a rollout output's completions at
-    `temperature`, and the trainer's logits `[B, L, V]` at those positions."""
+    `temperature`, and the trainer's logits `[B, L, V]` at those positions.
+
+    With one JAX process per host, `out` is this process's share: the trainer scores every
+    process's share at once (its arrays span every host) and this process gets its rows back.
+    """
+    import jax
     from flax import nnx
 
     from sgl_jax_rollout.tunix_compat import per_token_logps_and_logits
 
     pad = rollout.pad_id()
-    completions = right_pad_ids(out.tokens, max(1, max(len(t) for t in out.tokens)), pad)
+    width = widest(max(1, max(len(t) for t in out.tokens)))
+    completions = right_pad_ids(out.tokens, width, pad)
+    prompts = np.asarray(out.left_padded_prompt_tokens)
     graphdef, state = nnx.split(trainer)
+    mesh = jax.tree_util.tree_leaves(state)[0].sharding.mesh
+    prompts, completions = global_batch([prompts, completions], mesh, mesh.axis_names[:1])
     logps, logits = per_token_logps_and_logits(
-        graphdef,
-        state,
-        np.asarray(out.left_padded_prompt_tokens),
-        completions,
-        pad,
-        rollout.eos_id(),
-        temperature,
+        graphdef, state, prompts, completions, pad, rollout.eos_id(), temperature
     )
-    return np.asarray(logps), np.asarray(logits)
+    rows = len(out.tokens)
+    return local_rows(logps, rows), local_rows(logits, rows)
 
 
 def before_pad(tokens, pad: int) -> int:
