@@ -29,8 +29,9 @@ def trainer_scores(rollout, trainer, out, temperature: float) -> tuple[np.ndarra
     completions = right_pad_ids(out.tokens, width, pad)
     prompts = np.asarray(out.left_padded_prompt_tokens)
     graphdef, state = nnx.split(trainer)
-    mesh = jax.tree_util.tree_leaves(state)[0].sharding.mesh
-    prompts, completions = global_batch([prompts, completions], mesh, mesh.axis_names[:1])
+    if jax.process_count() > 1:  # the trainer's arrays span every host: so does the batch
+        mesh = jax.tree_util.tree_leaves(state)[0].sharding.mesh
+        prompts, completions = global_batch([prompts, completions], mesh, mesh.axis_names[:1])
     logps, logits = per_token_logps_and_logits(
         graphdef, state, prompts, completions, pad, rollout.eos_id(), temperature
     )
