@@ -74,19 +74,17 @@ class HostLocal:
         """`leaves` with each one on every device replaced by a copy on this process's engine
         devices (split as `split_over` says); the others as they are. Every process must call
         it at the same time with the same tree (it runs one collective program)."""
-        every = set(jax.devices())
+        every, engine = set(jax.devices()), set(self._engine_devices)
         moving = [
             i
             for i, leaf in enumerate(leaves)
-            if isinstance(leaf, jax.Array)
-            and leaf.sharding.device_set == every != set(self._engine_devices)
+            if isinstance(leaf, jax.Array) and leaf.sharding.device_set == every != engine
         ]
         if not moving:
             return list(leaves)
         program, shardings = self.program([leaves[i] for i in moving])
         moved = program(*(leaves[i] for i in moving))
         out = list(leaves)
-        engine = set(self._engine_devices)
         for i, global_leaf, local in zip(moving, moved, shardings, strict=True):
             shards = [s.data for s in global_leaf.addressable_shards if s.device in engine]
             out[i] = jax.make_array_from_single_device_arrays(global_leaf.shape, local, shards)
