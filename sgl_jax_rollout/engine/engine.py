@@ -37,7 +37,7 @@ from sgl_jax_rollout.engine import patches, upstream
 from sgl_jax_rollout.engine.availability import require_sgl_jax
 from sgl_jax_rollout.engine.collector import Collector, Completion
 from sgl_jax_rollout.engine.rows import RequestSpec, extra_sampler_configs
-from sgl_jax_rollout.engine.settings import CPU_OVERLAP_DEFECT, EngineSettings
+from sgl_jax_rollout.engine.settings import EngineSettings
 
 logger = logging.getLogger(__name__)
 
@@ -77,8 +77,6 @@ class RolloutEngine:
                 "commit a larger page gives wrong logits to every request but the first of a "
                 "batch on the CPU attention backends"
             )
-        if jax.default_backend() == "cpu" and settings.overlap_schedule:
-            logger.warning("overlap_schedule=True: %s", CPU_OVERLAP_DEFECT)
         settings = _on_devices(settings, jax.devices())
         from transformers import AutoTokenizer
 

@@ -79,6 +79,16 @@ instead of raising.
   zmq context, the sockets' weak references are already cleared, `Context.term` waits for
   sockets nobody will close, and the thread that happened to run the collection hangs forever
   (seen as a full test run stuck inside a jit trace).
+- `cache_loc_copied`: wraps `ScheduleBatch._merge_cache_loc` so that on CPU each step's
+  `cache_loc` (the KV slots attention reads) is a fresh array. Upstream returns a view of one
+  persistent host buffer (`req_to_token_pool.cache_loc_host_buf`, `schedule_batch.py:2400,
+  2408`) and uploads it with `device_array` (`forward_batch_info.py:362`). JAX's CPU client
+  aliases a host buffer it is given when the buffer is 64-byte aligned (zero-copy), so under
+  overlap scheduling the scheduler's writes for step t + 1 reach step t's forward, still
+  running on the forward thread: every request of a batch but the first attends over other
+  slots. Whether the buffer is aligned depends on where numpy allocated it, so about half the
+  engine starts gave wrong logits with overlap on, the same ones each time. Off CPU the
+  upload copies the buffer and upstream runs unchanged.
 - `llama3_rope_scaling`: wraps `layers.embeddings.Llama3RotaryEmbedding.__init__` so the
   rotary phases use the llama3-scaled frequencies. Upstream's base class computes
   `_inv_freq_np` (what `_compute_cos_sin` reads) unscaled in its `__init__`, and the llama3
@@ -257,6 +267,7 @@ def apply(server_args: Iterable[str] = ()) -> None:
         _wrap(get("Scheduler"), "watchdog_thread", _watchdog)
         _wrap(get("ModelRunner"), "initialize_jit", _typed_sampler_key)
         _wrap(get("ScheduleBatch"), "get_model_worker_batch", _worker_batch_rows)
+        _wrap(get("ScheduleBatch"), "_merge_cache_loc", _cache_loc_copied)
         _wrap_classmethod(
             get("SamplingMetadata"), "from_model_worker_batch", _sampling_metadata_rows
         )
@@ -305,6 +316,13 @@ def _llama3_scaled_frequencies(original, self, *args, **kwargs):
     original(self, *args, **kwargs)
     with jax.ensure_compile_time_eval():
         self._inv_freq_np = np.asarray(self._compute_inv_freq(self.base), np.float32)
+
+
+def _cache_loc_copied(original, self, *args, **kwargs):
+    """cache_loc_copied: on CPU, a copy of upstream's view of its persistent host buffer (the
+    CPU client may alias the buffer, which the next step rewrites while this one runs)."""
+    cache_loc = original(self, *args, **kwargs)
+    return cache_loc.copy() if jax.default_backend() == "cpu" else cache_loc
 
 
 def _engine_socket(original, *args, **kwargs):

@@ -2,9 +2,9 @@
 
 Owns `EngineSettings`, validated at construction (errors name the field and its range), and
 its translation to sgl-jax `ServerArgs` keywords. Settings the rollout depends on are forced
-there, not offered: single-process mode (the engine must share the trainer's process),
-overlap scheduling off (penalties need every request's output ids on the host at each step),
-the engine-loop daemon (requests are submitted from any thread) and no server warm-up.
+there, not offered: single-process mode (the engine must share the trainer's process), mixed
+chunks off (slot state joins from prefill batches only), the engine-loop daemon (requests are
+submitted from any thread) and no server warm-up.
 
 No sgl_jax import: settings are checked before anything starts.
 """
@@ -16,14 +16,6 @@ from typing import Any
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ATTENTION_BACKENDS = ("fa", "native", "fa_mha")
-# Measured with sgl-jax cddbf6f1 on CPU, the engine as it ships (no patch of ours): with overlap
-# scheduling on, about half the engine starts give wrong logits to all but the first request of
-# a batch from the first prefill on, the same wrong values each time; off, never.
-CPU_OVERLAP_DEFECT = (
-    "overlap scheduling on CPU: at the pinned sgl-jax commit about half the engine starts give "
-    "wrong logits to all but the first request of a batch (measured on the engine as it ships); "
-    "timings only"
-)
 FORCED = {
     "enable_single_process": True,
     # Mixed chunks put decode rows in extend batches: they would join their slot from output
@@ -48,9 +40,8 @@ class EngineSettings:
     except `return_logprobs`: unnamed, both (`RolloutConfig.return_logprobs` picks per call).
     Penalty modes compile at the smallest id-table widths only (wider prompts still compile
     once per width bucket, at their prefill). `overlap_schedule` is sgl-jax's overlap
-    scheduler (the host prepares step t + 1 while the device runs step t); None (default):
-    on, as upstream defaults, except on CPU (`overlap_on`), where the pinned sgl-jax gives
-    wrong logits to some requests of a run now and then with it on (`CPU_OVERLAP_DEFECT`).
+    scheduler (the host prepares step t + 1 while the device runs step t): on by default, as
+    upstream runs; False turns it off (same results, the host's work then waits for each step).
     `vocab_parallel_sampler` (default True): with more than one device on the tensor axis,
     the sampler runs on each device's columns of the vocabulary-split logits
     (`sampling.vocab_parallel`); False gathers the logits to every device first and runs it
@@ -77,7 +68,7 @@ class EngineSettings:
     random_seed: int = 0
     log_level: str = "error"
     sampler_modes: tuple[dict[str, Any], ...] = ()
-    overlap_schedule: bool | None = None
+    overlap_schedule: bool = True
     vocab_parallel_sampler: bool = True
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -148,10 +139,9 @@ class EngineSettings:
             raise ValueError(
                 f"vocab_parallel_sampler must be True or False, got {self.vocab_parallel_sampler!r}"
             )
-        if self.overlap_schedule is not None and not isinstance(self.overlap_schedule, bool):
+        if not isinstance(self.overlap_schedule, bool):
             raise ValueError(
-                "overlap_schedule must be True, False or None (auto), "
-                f"got {self.overlap_schedule!r}"
+                f"overlap_schedule must be True or False, got {self.overlap_schedule!r}"
             )
 
     def replace(self, **changes: Any) -> EngineSettings:
@@ -160,12 +150,6 @@ class EngineSettings:
         if unknown:
             raise ValueError(f"unknown engine setting(s) {unknown}; allowed: {sorted(names)}")
         return dataclasses.replace(self, **changes)
-
-    def overlap_on(self, device: str) -> bool:
-        """Whether overlap scheduling runs on `device` ("cpu", "tpu", ...)."""
-        if self.overlap_schedule is None:
-            return device != "cpu"
-        return self.overlap_schedule
 
     def server_args(self, model_path: str, device: str) -> dict[str, Any]:
         """Keyword arguments of sgl-jax's `Engine` for this model and device ("cpu", "tpu")."""
@@ -190,7 +174,7 @@ class EngineSettings:
             "device_indexes": _list(self.device_indexes),
             "random_seed": self.random_seed,
             "log_level": self.log_level,
-            "disable_overlap_schedule": not self.overlap_on(device),
+            "disable_overlap_schedule": not self.overlap_schedule,
         }
         args.update(self.extra)
         args.update(FORCED)

@@ -71,6 +71,9 @@ SYMBOLS: dict[str, tuple[str, str]] = {
 FUNCTIONS: dict[str, tuple[str, ...]] = {
     # wrapped (patches.py)
     "ScheduleBatch.get_model_worker_batch": ("self", "token_paddings", "bs_paddings"),
+    "ScheduleBatch._merge_cache_loc": (
+        *("self", "bs_paddings", "cache_loc_paddings", "page_size", "per_dp_bs_size"),
+    ),
     "SamplingMetadata.from_model_worker_batch": ("batch", "pad_size", "mesh", "vocab_size"),
     "Scheduler.process_batch_result": ("self", "batch", "result"),
     "Scheduler.stream_output": ("self", "reqs", "return_logprob"),

@@ -2,8 +2,7 @@
 engine per process: the tests' session engine is the other side of the comparison).
 
 Started by tests/sgl_jax_rollout/test_overlap_engine.py: `python -m
-tests.sgl_jax_rollout.engine.overlap_worker MODEL on|off [single]`; `single` runs one request at
-a time (`max_running_requests=1`).
+tests.sgl_jax_rollout.engine.overlap_worker MODEL on|off`.
 """
 
 import json
@@ -24,10 +23,13 @@ CASES = {
 }
 
 
+MAX_TOKENS = 20
+
+
 def workload(rollout) -> dict:
     from sgl_jax_rollout.tunix_compat import RolloutConfig
 
-    config = RolloutConfig(max_tokens_to_generate=20, seed=5, return_logprobs=True)
+    config = RolloutConfig(max_tokens_to_generate=MAX_TOKENS, seed=5, return_logprobs=True)
     results = {"overlap": bool(rollout.engine._hooks.scheduler.enable_overlap)}
     for name, overrides in CASES.items():
         out = rollout.generate(PROMPTS, config, **overrides)
@@ -45,8 +47,6 @@ def main() -> None:
 
     overlap = {"on": True, "off": False}[sys.argv[2]]
     settings = dict(TEST_SETTINGS, sampler_modes=(LISTED_SAMPLER_MODE,), overlap_schedule=overlap)
-    if "single" in sys.argv[3:]:
-        settings.update(max_running_requests=1, precompile_bs_paddings=(1,))
     rollout = SglangJaxRollout(model_path=sys.argv[1], engine_settings=settings)
     try:
         print("RESULT " + json.dumps(workload(rollout)), flush=True)

@@ -24,7 +24,8 @@ from sgl_jax_rollout.engine.settings import FORCED, EngineSettings
         (dict(tp_size=2, device_indexes=(0, 0)), "device_indexes"),
         (dict(extra={"enable_mixed_chunk": True}), "extra"),
         (dict(extra={"disable_overlap_schedule": True}), "use overlap_schedule"),
-        (dict(overlap_schedule=1), "overlap_schedule must be True, False or None"),
+        (dict(overlap_schedule=None), "overlap_schedule must be True or False"),
+        (dict(overlap_schedule=1), "overlap_schedule must be True or False"),
         (dict(vocab_parallel_sampler=None), "vocab_parallel_sampler must be True or False"),
         (dict(max_prefill_tokens=10), "max_prefill_tokens"),
         (dict(sampler_modes={"entropy_top_k": 8}), "sampler_modes must be a list"),
@@ -43,12 +44,11 @@ def test_server_args_force_single_process_and_overlap_follows_its_setting():
     args = EngineSettings(extra={"attention_backend": "native"}).server_args("/m", "cpu")
     for name, value in FORCED.items():
         assert args[name] == value
-    assert args["disable_overlap_schedule"] is True  # auto: off on CPU (CPU_OVERLAP_DEFECT)
+    assert args["disable_overlap_schedule"] is False  # on by default, as upstream, CPU included
     assert EngineSettings().server_args("/m", "tpu")["disable_overlap_schedule"] is False
-    on = EngineSettings(overlap_schedule=True).server_args("/m", "cpu")
-    assert on["disable_overlap_schedule"] is False
-    off = EngineSettings(overlap_schedule=False).server_args("/m", "tpu")
-    assert off["disable_overlap_schedule"] is True
+    for device in ("cpu", "tpu"):
+        off = EngineSettings(overlap_schedule=False).server_args("/m", device)
+        assert off["disable_overlap_schedule"] is True
     assert args["model_path"] == "/m" and args["device"] == "cpu"
     assert args["attention_backend"] == "native"
 
