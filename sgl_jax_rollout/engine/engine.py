@@ -401,8 +401,10 @@ class RolloutEngine:
         """Takes down whatever was started, from any state of construction.
 
         Reads upstream attributes (commit in `availability.PINNED_COMMIT`): the scheduler
-        leaves its loop at the next idle check (`patches` idle_wait_and_stop); the
-        detokenizer thread, blocked on its socket, gets a message whose unpickling raises
+        leaves its loop at the next idle check (`patches` idle_wait_and_stop); with overlap,
+        the forward thread then runs what was queued and ends (`upstream.stop_forward_thread`,
+        else it would keep the model alive for the life of the process); the detokenizer
+        thread, blocked on its socket, gets a message whose unpickling raises
         SystemExit (any Exception there would be an engine fault); then every socket the
         engine made (`patches` engine_sockets) is closed with linger 0, so neither
         interpreter exit nor a later garbage collection ever waits on a zmq context.
@@ -415,6 +417,10 @@ class RolloutEngine:
                 manager.abort_request(abort_all=True)
         patches.deactivate(hooks)  # sets stop: the scheduler and our watchdog leave their loops
         _join_threads(SCHEDULER_THREAD_PREFIX)
+        if hooks.scheduler is not None and not upstream.stop_forward_thread(
+            hooks.scheduler, STOP_TIMEOUT_S
+        ):
+            logger.warning("the overlap scheduler's forward thread did not stop")
         hooks.idle_work.close()
         port_args = getattr(engine, "port_args", None) if engine is not None else None
         if port_args is not None and _alive(DETOKENIZER_THREAD_PREFIX):

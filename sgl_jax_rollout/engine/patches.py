@@ -46,14 +46,19 @@ instead of raising.
   (`dp_attention.py`); upstream mixes the ranks. One dp rank: upstream runs unchanged.
 - `scheduler_of_engine`: wraps `Scheduler.__init__` to tie the scheduler to the engine that
   builds it before any of it runs, so a shutdown reaches it from any state of a start.
+- `runner_of_engine`: wraps `ModelRunner.__init__` the same way for the model runner: with
+  overlap, a step already queued on the forward thread when the engine stops still runs its
+  sampler with that engine's slot state (the process may hold no active engine by then).
 - `step_guard`: wraps `Scheduler.run_batch`: a step that raises fails exactly its requests
   (aborted through upstream's `abort_request`, the error as message) and is run again with
   neutral greedy rows and the precompiled sampler, so upstream finishes them and frees their
   cache as for any abort. A second failure is an engine fault.
-- `contained_signals`: `psutil` as `managers.scheduler`, `managers.detokenizer_manager` and
-  `managers.tp_worker` see it: their thread handlers end every exception with
-  `Process().send_signal(SIGQUIT)` (`scheduler.py:2988, 3015, 3037`,
-  `detokenizer_manager.py:344, 362`, `tp_worker.py:314`); here SIGQUIT is an engine fault.
+- `contained_signals`: `psutil` as `managers.scheduler`, `managers.detokenizer_manager`,
+  `managers.tp_worker` and `managers.tp_worker_overlap_thread` see it: their thread handlers
+  end every exception with `Process().send_signal(SIGQUIT)` (`scheduler.py:2988, 3015, 3037`,
+  `detokenizer_manager.py:344, 362`, `tp_worker.py:314`), the overlap forward thread's with
+  `psutil.Process().parent()` taken at start (`tp_worker_overlap_thread.py:69, 111`), the
+  process that launched the trainer; here SIGQUIT is an engine fault.
 - `watchdog`: replaces `Scheduler.watchdog_thread` (upstream's loop never exits, so every
   shut-down scheduler stays alive, and it SIGQUITs `psutil.Process().parent()`, in
   single-process mode the process that launched the trainer): same rule, engine fault.
@@ -263,6 +268,7 @@ def apply(server_args: Iterable[str] = ()) -> None:
             if not isinstance(module.psutil, _ContainedPsutil):
                 module.psutil = _ContainedPsutil()
         _wrap(get("Scheduler"), "__init__", _scheduler_of_engine)
+        _wrap(get("ModelRunner"), "__init__", _runner_of_engine)
         _wrap(get("Scheduler"), "run_batch", _step_guard)
         _wrap(get("Scheduler"), "watchdog_thread", _watchdog)
         _wrap(get("ModelRunner"), "initialize_jit", _typed_sampler_key)
@@ -486,7 +492,7 @@ def _precompiling(original, self, *args, **kwargs):
 def _sample_with_slot_state(original, self, logits_output, sampling_metadata):
     """sample_with_slot_state: the sampler step with the slot state in and out; a failing
     sampler fails its requests; while precompiling, every extra config is compiled too."""
-    hooks = _hooks()
+    hooks = getattr(self, "_sgl_jax_rollout_hooks", None)
     if hooks is None:
         return original(self, logits_output, sampling_metadata)
     try:
@@ -672,6 +678,13 @@ def _scheduler_of_engine(original, self, *args, **kwargs):
     self._sgl_jax_rollout_hooks = hooks
     if hooks is not None:
         hooks.scheduler = self
+    original(self, *args, **kwargs)
+
+
+def _runner_of_engine(original, self, *args, **kwargs):
+    """runner_of_engine: tie the model runner to the engine building it, so a step still
+    queued on the overlap forward thread when the engine stops runs with its own hooks."""
+    self._sgl_jax_rollout_hooks = _hooks()
     original(self, *args, **kwargs)
 
 

@@ -88,6 +88,7 @@ FUNCTIONS: dict[str, tuple[str, ...]] = {
     ),
     "ModelRunner.sample": ("self", "logits_output", "sampling_metadata"),
     "ModelRunner.initialize_jit": ("self",),
+    "ModelRunner.__init__": ("self",),
     "ModelWorkerClient.resolve_last_batch_result": ("self", "launch_done"),
     "Llama3RotaryEmbedding.__init__": (
         *("self", "head_size", "rotary_dim", "max_position_embeddings", "base"),
@@ -130,7 +131,7 @@ ATTRIBUTES: dict[str, tuple[str, ...]] = {
         *("recv_from_tokenizer", "recv_from_rpc"),
     ),
     "ModelWorker": ("worker", "model_runner"),
-    "ModelWorkerClient": ("worker",),
+    "ModelWorkerClient": ("worker", "input_queue", "forward_thread"),
     "ModelRunner": (
         *("model", "model_state_leaves", "model_config", "mesh", "req_to_token_pool"),
         *("_sampler_base_rng", "forward", "sample"),
@@ -168,6 +169,7 @@ MODULE_GLOBALS: dict[str, tuple[str, ...]] = {
     "managers.detokenizer_manager": ("get_zmq_socket", "psutil"),
     "managers.tokenizer_manager": ("get_zmq_socket",),
     "managers.tp_worker": ("psutil",),
+    "managers.tp_worker_overlap_thread": ("psutil",),
     "entrypoints.engine": ("get_zmq_socket",),
 }
 SOCKET_MODULES = tuple(m for m, names in MODULE_GLOBALS.items() if "get_zmq_socket" in names)
@@ -205,6 +207,19 @@ def scheduler_of(engine: Any) -> Any:
 def model_runner_of(scheduler: Any) -> Any:
     """The scheduler's model runner, with or without the overlap worker thread."""
     return scheduler.tp_worker.worker.model_runner
+
+
+def stop_forward_thread(scheduler: Any, wait_s: float) -> bool:
+    """Ends the overlap scheduler's forward thread (`ModelWorkerClient.forward_thread_func_`
+    leaves its loop on an empty batch; upstream never sends one) once the steps queued before
+    it have run; False if it is still alive after `wait_s`. Without overlap, or before the
+    scheduler made its worker (a failed start): nothing to do."""
+    worker = getattr(scheduler, "tp_worker", None)
+    if not isinstance(worker, get("ModelWorkerClient")):
+        return True
+    worker.input_queue.put((None, None, None, None))
+    worker.forward_thread.join(wait_s)
+    return not worker.forward_thread.is_alive()
 
 
 def check(server_args: Iterable[str] = ()) -> None:

@@ -5,12 +5,10 @@ Owns both benchmarks (CLI subcommands; not imported by the library).
 `rollout`: for each workload of `workloads.WORKLOADS` (16 prompts of 5..40 tokens and 64
 prompts of 16 tokens, 64 new tokens each, temperature 1, EOS ignored so every backend makes
 the same number of tokens), tokens/s as the median of >= 5 runs after a warm-up call, for
-- `ours_full`: `SglangJaxRollout` returning logprobs and full-vocabulary entropy, overlap
-  scheduling off (the `ours_no_overlap` figure; our default on CPU);
-- `ours_overlap`: the same with overlap scheduling on (an engine of its own; on CPU the
-  pinned sgl-jax gives wrong logits now and then with overlap on, see `EngineSettings`, so
-  this column is a timing only there);
-- `ours_plain`: the rollout with neither logprobs nor entropy (overlap off);
+- `ours_full`: `SglangJaxRollout` returning logprobs and full-vocabulary entropy, with its
+  defaults (overlap scheduling on; also reported as `ours_overlap`, the same measurement);
+- `ours_no_overlap`: the same on an engine of its own with overlap scheduling off;
+- `ours_plain`: the rollout with neither logprobs nor entropy (overlap on);
 - `tunix_sglang_jax`: tunix 0.1.7's own sgl-jax rollout with tunix's defaults (overlap
   scheduling on), same engine settings and weights (in a subprocess: our engine patches are
   process-wide);
@@ -20,13 +18,14 @@ the same number of tokens), tokens/s as the median of >= 5 runs after a warm-up 
 plus `ratios`, `recompiles_after_warmup` (10 calls that vary every sampling setting, after one
 warm-up pass over the same 10 modes) and `host_ms_per_decode_step`: engine wall time per
 model step minus the time in the jitted model and sampler calls (`engine.profiling`), ours
-and the stock engine's, both with overlap off (with it on the host's work hides behind the
-device's, and wall minus device time no longer measures it), with the sampler's milliseconds
-per step beside it (`host_time`). `penalties_host`: our host milliseconds per decode step
-with penalties on (`PENALTY_OVERRIDES`) at `PENALTY_LENGTHS` generated tokens, and their
-ratio: host work that grows with the length of a generation shows there (an engine of its
-own, `PENALTY_SETTINGS`, overlap off). `real_size`: the same columns (ours full with overlap
-off / on, stock with overlap on / off, host times) for a second model with
+and the stock engine's, both with overlap off (`ours_no_overlap`'s engine: with it on the
+host's work hides behind the device's, and wall minus device time no longer measures it),
+with the sampler's milliseconds per step beside it (`host_time`). `penalties_host`: our host
+milliseconds per decode step with penalties on (`PENALTY_OVERRIDES`) at `PENALTY_LENGTHS`
+generated tokens, and their ratio: host work that grows with the length of a generation
+shows there (an engine of its own, `PENALTY_SETTINGS`, overlap off). `real_size`: the same
+columns (ours full with overlap on / off, stock with overlap on / off, host times) for a
+second model with
 Qwen3-0.6B's dimensions and vocabulary and `REAL_SIZE_LAYERS` layers (`real_size_layers`; 0
 skips it), generated offline on first use, where the model step and the 151,936-id sampler
 weigh what they weigh on a slice.
@@ -148,15 +147,13 @@ def run_rollout(
     tunix = _subprocess("tunix_sglang_jax", model_dir, runs)
     stock = _subprocess("sgl_jax_stock", model_dir, runs, "1")
     stock_no_overlap = _subprocess("sgl_jax_stock", model_dir, runs, "0")
-    rollout = SglangJaxRollout(
-        model_path=model_dir, engine_settings=dict(SETTINGS, overlap_schedule=False)
-    )
+    rollout = SglangJaxRollout(model_path=model_dir, engine_settings=SETTINGS)
     try:
         ours = _ours(rollout, WORKLOADS, runs, plain=True)
         result["recompiles_after_warmup"] = _recompiles(rollout, rollout.engine.tokenizer)
     finally:
         rollout.shutdown()
-    _add_overlap(ours, model_dir, SETTINGS, WORKLOADS, runs)
+    _add_no_overlap(ours, model_dir, SETTINGS, WORKLOADS, runs)
     result.update(_columns(ours, stock, stock_no_overlap, tunix=tunix, vanilla=vanilla))
     rollout = SglangJaxRollout(
         model_path=model_dir, engine_settings=dict(PENALTY_SETTINGS, overlap_schedule=False)
@@ -170,10 +167,12 @@ def run_rollout(
     return result
 
 
-def _ours(rollout, workloads: dict, runs: int, plain: bool) -> dict[str, dict[str, Any]]:
+def _ours(
+    rollout, workloads: dict, runs: int, plain: bool = False, host: bool = False
+) -> dict[str, dict[str, Any]]:
     """Per workload: `ours_full` tokens/s (logprobs and full entropy), with `plain` also
-    `ours_plain` (neither), and the host time of `runs` more full calls (medians; meaningful
-    with overlap off only: with it on, host work hides behind the device's)."""
+    `ours_plain` (neither), with `host` the host time of `runs` more full calls (medians;
+    meaningful with overlap off only: with it on, host work hides behind the device's)."""
     out = {}
     for name, (count, lengths, new_tokens) in workloads.items():
         batch = prompts(rollout.engine.tokenizer, count, lengths)
@@ -192,30 +191,37 @@ def _ours(rollout, workloads: dict, runs: int, plain: bool) -> dict[str, dict[st
                 runs,
                 f"ours_plain {name}",
             )
-        out[name]["host"] = _host_time(rollout, full, runs)
+        if host:
+            out[name]["host"] = _host_time(rollout, full, runs)
     return out
 
 
 def _ours_on_engine(
     model_dir: Path, settings: dict, workloads: dict, runs: int, overlap: bool
 ) -> dict[str, dict[str, Any]]:
-    """`_ours` (full outputs only) on an engine of its own with overlap scheduling on / off."""
+    """`_ours` (full outputs only) on an engine of its own with overlap scheduling on / off;
+    the host time with it off."""
     from sgl_jax_rollout.rollout import SglangJaxRollout
 
     rollout = SglangJaxRollout(
         model_path=model_dir, engine_settings=dict(settings, overlap_schedule=overlap)
     )
     try:
-        return _ours(rollout, workloads, runs, plain=False)
+        return _ours(rollout, workloads, runs, host=not overlap)
     finally:
         rollout.shutdown()
 
 
-def _add_overlap(ours: dict, model_dir: Path, settings: dict, workloads: dict, runs: int) -> None:
-    """`ours_overlap` (full outputs) from an engine with overlap scheduling on."""
-    on = _ours_on_engine(model_dir, settings, workloads, runs, overlap=True)
-    for name, values in on.items():
-        ours[name]["ours_overlap"] = values["ours_full"]
+def _add_no_overlap(
+    ours: dict, model_dir: Path, settings: dict, workloads: dict, runs: int
+) -> None:
+    """`ours_overlap` (= `ours_full`, our default), and `ours_no_overlap` and the host time
+    from an engine with overlap scheduling off."""
+    off = _ours_on_engine(model_dir, settings, workloads, runs, overlap=False)
+    for name, values in off.items():
+        ours[name]["ours_overlap"] = ours[name]["ours_full"]
+        ours[name]["ours_no_overlap"] = values["ours_full"]
+        ours[name]["host"] = values["host"]
 
 
 def _columns(ours: dict, stock: dict, stock_no_overlap: dict, **others: dict) -> dict[str, Any]:
@@ -224,8 +230,6 @@ def _columns(ours: dict, stock: dict, stock_no_overlap: dict, **others: dict) ->
     rates, host = {}, {}
     for name, mine in ours.items():
         rates[name] = {k: v for k, v in mine.items() if k != "host"}
-        if "ours_overlap" in mine:  # ours_full runs with overlap off: the same measurement
-            rates[name]["ours_no_overlap"] = mine["ours_full"]
         rates[name]["sgl_jax_stock"] = stock.get(name, {}).get("tokens_per_s")
         rates[name]["sgl_jax_stock_no_overlap"] = stock_no_overlap.get(name, {}).get("tokens_per_s")
         for other, values in others.items():
@@ -242,8 +246,8 @@ def _columns(ours: dict, stock: dict, stock_no_overlap: dict, **others: dict) ->
             for other in r
             if other not in ("ours_full", "ours_overlap") and not other.endswith("no_overlap")
         }
-        if r.get("ours_overlap"):
-            ratios[name]["overlap_vs_no_overlap"] = r["ours_overlap"] / r["ours_full"]
+        if r.get("ours_overlap") and r.get("ours_no_overlap"):
+            ratios[name]["overlap_vs_no_overlap"] = r["ours_overlap"] / r["ours_no_overlap"]
     return {
         "tokens_per_s": rates,
         "host_time": host,
@@ -268,8 +272,8 @@ def _real_size(layers: int, runs: int) -> dict[str, Any]:
     stock_no_overlap = _subprocess(
         "sgl_jax_stock", model_dir, runs, "0", *extra, settings=REAL_SIZE_SETTINGS
     )
-    ours = _ours_on_engine(model_dir, REAL_SIZE_SETTINGS, REAL_SIZE_WORKLOADS, runs, overlap=False)
-    _add_overlap(ours, model_dir, REAL_SIZE_SETTINGS, REAL_SIZE_WORKLOADS, runs)
+    ours = _ours_on_engine(model_dir, REAL_SIZE_SETTINGS, REAL_SIZE_WORKLOADS, runs, overlap=True)
+    _add_no_overlap(ours, model_dir, REAL_SIZE_SETTINGS, REAL_SIZE_WORKLOADS, runs)
     return {
         "model": str(model_dir),
         "layers": layers,

@@ -26,7 +26,7 @@ SETTINGS = dict(
     max_total_tokens=8192,
 )
 ENGINE_THREADS = ("sglang::scheduler", "sglang-jax::detokenizer", "sgl-jax-rollout")
-UPSTREAM_TARGETS = ("watchdog_thread", "run_loop_forever")
+UPSTREAM_TARGETS = ("watchdog_thread", "run_loop_forever", "forward_thread_func")  # overlap
 
 
 def config(**changes):
@@ -60,7 +60,8 @@ def leftovers(handlers) -> list[str]:
         found = [
             t.name
             for t in threading.enumerate()
-            if t.name.startswith(ENGINE_THREADS) or t.name.endswith(UPSTREAM_TARGETS)
+            if t.name.startswith(ENGINE_THREADS)
+            or t.name.endswith(tuple(f"({target})" for target in UPSTREAM_TARGETS))
         ]
         if not found or time.monotonic() > deadline:
             break
