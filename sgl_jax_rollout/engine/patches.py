@@ -106,6 +106,11 @@ instead of raising.
   `SamplerConfig` of the engine (the modes the rollout derives from its defaults and
   `EngineSettings.sampler_modes`), so a run meets no sampler compile for those modes.
   Upstream precompiles its one sampler.
+- `precompile_overlap_gather`: in the same place, with overlap, each precompiled step's token
+  ids also go through the overlap worker's `async_gather_fn` (a jitted identity onto a
+  replicated sharding that the forward thread applies to every step's ids,
+  `tp_worker_overlap_thread.py:170`). Upstream's precompile never calls it, so it compiled
+  once per batch bucket in the middle of a run (seen in the 20-step demo).
 - `detokenizer_forgets_finished`: wraps `DetokenizerManager.handle_batch_token_id_out` to drop
   a finished request's decode state (its token ids and text). Upstream keeps every request's
   state until `SGLANG_DETOKENIZER_MAX_STATES` (65,536) requests have passed
@@ -514,7 +519,16 @@ def _sample_with_slot_state(original, self, logits_output, sampling_metadata):
             rows = _neutral_rows(hooks.valid_vocab_size, size, config)
             extra = _with_rows(sampling_metadata, *rows, self.mesh)
             jax.block_until_ready(_sample_step(original, self, hooks, logits_output, extra))
+        _precompile_overlap_gather(hooks, result[0])
     return result
+
+
+def _precompile_overlap_gather(hooks: EngineHooks, ids: Any) -> None:
+    """precompile_overlap_gather: the overlap worker's gather of a step's ids, compiled for
+    this batch bucket while upstream precompiles (nothing without overlap)."""
+    worker = getattr(hooks.scheduler, "tp_worker", None)
+    if isinstance(worker, upstream.get("ModelWorkerClient")):
+        jax.block_until_ready(worker.async_gather_fn(ids))
 
 
 def _sample_step(original, runner, hooks: EngineHooks, logits_output, sampling_metadata):

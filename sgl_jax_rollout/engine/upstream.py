@@ -131,7 +131,7 @@ ATTRIBUTES: dict[str, tuple[str, ...]] = {
         *("recv_from_tokenizer", "recv_from_rpc"),
     ),
     "ModelWorker": ("worker", "model_runner"),
-    "ModelWorkerClient": ("worker", "input_queue", "forward_thread"),
+    "ModelWorkerClient": ("worker", "input_queue", "forward_thread", "async_gather_fn"),
     "ModelRunner": (
         *("model", "model_state_leaves", "model_config", "mesh", "req_to_token_pool"),
         *("_sampler_base_rng", "forward", "sample"),

@@ -4,11 +4,23 @@ devices sampling half of every step's prompts, the trainer spanning all 8 device
 same preset in one process with 8 devices, whose one engine samples every prompt
 (tests/tunix_adapter/grpo_hosts_worker.py prints what each process sampled).
 
-Same seeds, so the same prompts, tokens and rewards in every row of every step. Step 0's
-logprobs are equal; later steps sample with weights trained across two processes, whose
-gradient sums (over gloo) round differently from one process's, so their logprobs agree to
-float32 rounding, not bit for bit. In both runs, every process's trainer scores its own rows
-within 1e-4 of its rollout at every step: weights synced across hosts, rows kept aligned.
+Same seeds, so the same prompts in every step, and at step 0 (the same weights in both runs)
+the same tokens and rewards in every row, logprobs within 5e-6: the engines batch different
+rows (8 against 16), and overlap scheduling's extra step for a finished request changes a
+batch's rows, which moves the model's forward by a few float32 ulps (1.4e-6 measured; see
+tests/sgl_jax_rollout/test_overlap_engine.py).
+
+Later steps sample with weights trained across two processes, whose gradient sums (over gloo)
+round differently from one process's, so logprobs agree to 2e-4, not bit for bit, and now and
+then a row's draw falls on the other side of a CDF boundary (measured: 1 row of 48, at its 6th
+token, logprobs 1.3e-5 apart before it). Each row's tokens are then equal up to where the two
+runs part, and where they do, the two tokens are neighbours in the vocabulary: the demo samples
+at T = 1 over the whole vocabulary by inverse CDF in id order with one uniform per row, so the
+same seed lands on the next id. A seed or row mismatch gives unrelated tokens from the first.
+At most one row in eight may part.
+
+In both runs, every process's trainer scores its own rows within 1e-4 of its rollout at every
+step: weights synced across hosts, rows kept aligned.
 """
 
 import json
@@ -64,13 +76,30 @@ def test_grpo_on_two_simulated_hosts_matches_one_process():
         got = p0["steps"][step] + p1["steps"][step]  # process 0's share first
         assert len(got) == len(want) == 16  # 4 prompts x 4 generations
         assert [r["prompt"] for r in got] == [r["prompt"] for r in want]
-        assert [r["tokens"] for r in got] == [r["tokens"] for r in want]
-        assert [r["reward"] for r in got] == [r["reward"] for r in want]
-        tolerance = 1e-6 if step == 0 else 2e-4
+        parted = 0
         for g, w in zip(got, want, strict=True):
-            np.testing.assert_allclose(g["logprobs"], w["logprobs"], atol=tolerance, rtol=0)
+            same = _common_prefix(g["tokens"], w["tokens"])
+            if same < max(len(g["tokens"]), len(w["tokens"])):
+                assert step > 0, f"step 0 rows part at token {same}"
+                assert same < min(len(g["tokens"]), len(w["tokens"])), (step, g, w)
+                assert abs(g["tokens"][same] - w["tokens"][same]) == 1, (step, same, g, w)
+                parted += 1
+            else:
+                assert g["reward"] == w["reward"]
+            np.testing.assert_allclose(
+                g["logprobs"][:same],
+                w["logprobs"][:same],
+                atol=5e-6 if step == 0 else 2e-4,
+                rtol=0,
+            )
+        assert parted <= len(got) // 8, parted
     # the groups differ between the two hosts: each sampled its own share
     assert p0["steps"][0] != p1["steps"][0]
     for result in (p0, p1, single):
         assert len(result["logp_diff_max"]) == STEPS
         assert max(result["logp_diff_max"]) <= 1e-4, result["logp_diff_max"]
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    return next((i for i in range(n) if a[i] != b[i]), n)
