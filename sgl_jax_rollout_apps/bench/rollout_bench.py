@@ -154,7 +154,7 @@ def run_rollout(
     finally:
         rollout.shutdown()
     _add_no_overlap(ours, model_dir, SETTINGS, WORKLOADS, runs)
-    result.update(_columns(ours, stock, stock_no_overlap, tunix=tunix, vanilla=vanilla))
+    result.update(_columns(ours, stock, stock_no_overlap, tunix_sglang_jax=tunix, vanilla=vanilla))
     rollout = SglangJaxRollout(
         model_path=model_dir, engine_settings=dict(PENALTY_SETTINGS, overlap_schedule=False)
     )
