@@ -307,6 +307,8 @@ class RolloutEngine:
         async def run():
             return await self._engine.tokenizer_manager.generate_request(obj, None).__anext__()
 
+        # The scheduler starts the call's requests together (patches.whole_calls).
+        self._hooks.arrivals.expect(fields["rid"])
         future = asyncio.run_coroutine_threadsafe(run(), self._engine.loop)
         try:
             concurrent.futures.wait([future, self._hooks.ended], return_when=FIRST_COMPLETED)
@@ -316,6 +318,8 @@ class RolloutEngine:
         except BaseException:
             future.cancel()
             raise
+        finally:
+            self._hooks.arrivals.forget(fields["rid"])
         return out if isinstance(out, list) else [out]
 
     def _abort(self, rids: Sequence[str]) -> None:

@@ -34,11 +34,14 @@ instead of raising.
   scheduler there) to hand the step's per-row sampler outputs to the collector before the
   result is processed. With overlap a request that finished at step t is in step t + 1 too;
   the collector has closed it and ignores that value.
-- `one_transfer_per_step`: wraps `ModelWorker._materialize_logprobs_to_host`, where upstream
-  waits for each step's sampler output and copies its logprobs to the host: our per-row
-  outputs (entropy, top logprobs) come over in the same `device_get`, so the collector reads
-  host arrays and the step has one blocking transfer, not two (each one releases the GIL to
-  the engine's other threads).
+- `outputs_in_flight`: wraps `ModelWorker._materialize_logprobs_to_host`, where upstream
+  copies a step's logprobs to the host as soon as the sampler returns them (a blocking
+  `device_get`; with overlap, on the forward thread, which then cannot queue step t + 1 behind
+  step t). Our per-row outputs (entropy, top logprobs) only start their copies there; a step
+  whose batch asks upstream for no logprobs (`return_logprob`, `return_output_logprob_only`:
+  scoring, sgl-jax's own logprob requests) also hands upstream no logprobs, and ours go with
+  the per-row outputs (`RolloutLogitsOutput.rollout_logprobs`). The collector reads them all
+  on the scheduler thread (`_collect`), when the step is processed.
 - `record_before_stream`: wraps `Scheduler.stream_output` so per-token values are recorded
   (and completions finalised) before sgl-jax sends the output to the caller.
 - `native_attention_per_rank`: wraps `NativeAttention.__call__` (the attention sgl-jax uses
@@ -67,6 +70,11 @@ instead of raising.
   jitted sampler (`:296`), which reads raw data with whatever `jax_default_prng_impl` is set
   when a sampler config is traced: a trainer that changes it (to rbg, unsafe_rbg) after the
   engine started fails every new trace. A typed key carries its implementation.
+- `whole_calls`: wraps `Scheduler.recv_requests`: once part of a call's requests has reached
+  the scheduler, it receives until the rest has too (`arrivals.py`; at most
+  `CALL_ARRIVAL_WAIT_S`), so each call starts as one batch. Upstream's tokenizer manager sends
+  a batch one request per message and the scheduler took what had arrived: a call's first
+  requests were often prefilled alone, one model step more per call.
 - `idle_wait_and_stop`: wraps `Scheduler.on_idle`: a fully idle scheduler runs the engine's
   `IdleWork` (weight swap, cache flush), then waits on its sockets and on the work pipe
   (upstream spins a core at 100%), and exits its thread when the engine is shut down.
@@ -151,6 +159,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from sgl_jax_rollout.engine import upstream
+from sgl_jax_rollout.engine.arrivals import Arrivals
 from sgl_jax_rollout.engine.collector import Collector, StepValues
 from sgl_jax_rollout.engine.dp_attention import per_rank_native_attention
 from sgl_jax_rollout.engine.idle_work import IdleWork
@@ -168,6 +177,9 @@ from sgl_jax_rollout.sampling.options import SamplingOptions
 logger = logging.getLogger(__name__)
 
 IDLE_WAIT_MS = 50
+# whole_calls: how long the scheduler waits for the rest of a call whose first requests arrived
+# (they are sent microseconds apart; the call itself stops the wait when it fails).
+CALL_ARRIVAL_WAIT_S = 1.0
 _MARK = "__sgl_jax_rollout_patch__"
 _APPLY_LOCK = threading.Lock()
 _END_LOCK = threading.Lock()
@@ -186,6 +198,7 @@ class EngineHooks:
     valid_vocab_size: int | None
     stop: threading.Event = dataclasses.field(default_factory=threading.Event)
     idle_work: IdleWork = dataclasses.field(default_factory=IdleWork)
+    arrivals: Arrivals = dataclasses.field(default_factory=Arrivals)
     sockets: list = dataclasses.field(default_factory=list)  # every socket the engine made
     ended: Future = dataclasses.field(default_factory=Future)
     released: threading.Event = dataclasses.field(default_factory=threading.Event)
@@ -285,11 +298,12 @@ def apply(server_args: Iterable[str] = ()) -> None:
         _wrap(get("Scheduler"), "process_batch_result", _step_values)
         _wrap(get("Scheduler"), "stream_output", _record_before_stream)
         _wrap(get("Scheduler"), "on_idle", _idle_wait_and_stop)
+        _wrap(get("Scheduler"), "recv_requests", _whole_calls)
         _wrap(get("NativeAttention"), "__call__", per_rank_native_attention)
         _wrap(get("Llama3RotaryEmbedding"), "__init__", _llama3_scaled_frequencies)
         _wrap(get("DetokenizerManager"), "handle_batch_token_id_out", _detokenize)
         _wrap(get("ModelWorker"), "run_precompile", _precompiling)
-        _wrap(get("ModelWorker"), "_materialize_logprobs_to_host", _one_transfer)
+        _wrap(get("ModelWorker"), "_materialize_logprobs_to_host", _outputs_in_flight)
         _wrap(get("ModelRunner"), "sample", _sample_with_slot_state)
         _wrap(get("ModelWorkerClient"), "resolve_last_batch_result", _overlapped_step_values)
 
@@ -591,25 +605,25 @@ def _overlapped_step_values(original, self, *args, **kwargs):
     return resolved
 
 
-def _one_transfer(original, self, logits_output, *args, **kwargs):
-    """one_transfer_per_step: our per-row outputs come to the host with upstream's logprobs."""
+def _outputs_in_flight(original, self, logits_output, model_worker_batch, *args, **kwargs):
+    """outputs_in_flight: our per-row outputs start their copies to the host; upstream
+    materialises logprobs only for a batch that asks it for them."""
     from sgl_jax_rollout.engine.sampler_module import RolloutLogitsOutput
 
     if isinstance(logits_output, RolloutLogitsOutput):
-        (
-            logits_output.next_token_logprobs,
-            logits_output.rollout_entropy,
-            logits_output.rollout_top_logprob_ids,
-            logits_output.rollout_top_logprobs,
-        ) = jax.device_get(
+        batch = model_worker_batch
+        if not (batch.return_logprob or batch.return_output_logprob_only):
+            logits_output.rollout_logprobs = logits_output.next_token_logprobs
+            logits_output.next_token_logprobs = None
+        jax.copy_to_host_async(
             (
-                logits_output.next_token_logprobs,
+                logits_output.rollout_logprobs,
                 logits_output.rollout_entropy,
                 logits_output.rollout_top_logprob_ids,
                 logits_output.rollout_top_logprobs,
             )
         )
-    return original(self, logits_output, *args, **kwargs)
+    return original(self, logits_output, model_worker_batch, *args, **kwargs)
 
 
 def _collect(hooks: EngineHooks, scheduler: Any, batch: Any, out: Any) -> None:
@@ -625,15 +639,20 @@ def _collect(hooks: EngineHooks, scheduler: Any, batch: Any, out: Any) -> None:
         reqs = [req for req in _batch_requests(batch) if req.rid in failed]
         _fail_requests(scheduler, reqs, hooks, "an engine step", err)
     try:
-        # Host arrays by now (`one_transfer_per_step`). Upstream's tp_worker has gathered
-        # `next_token_logprobs` to these rows (its `logits_indices_selector`: the requests in
-        # row order, padding dropped); our own outputs still have every padded row, so gather
-        # them the same way.
-        logprobs = out.next_token_logprobs
-        per_row = (out.rollout_entropy, out.rollout_top_logprob_ids, out.rollout_top_logprobs)
-        entropy, top_ids, top_values = (
+        # Our outputs have every padded row (their copies started in `outputs_in_flight`):
+        # gather the requests' rows. Where upstream materialised the logprobs it has
+        # gathered them to the same rows already (its `logits_indices_selector`: the requests
+        # in row order, padding dropped).
+        per_row = (
+            out.rollout_logprobs,
+            out.rollout_entropy,
+            out.rollout_top_logprob_ids,
+            out.rollout_top_logprobs,
+        )
+        own_logprobs, entropy, top_ids, top_values = (
             None if x is None else np.asarray(x)[filled] for x in per_row
         )
+        logprobs = out.next_token_logprobs if own_logprobs is None else own_logprobs
         values = StepValues(  # per-row floats as lists: the collector reads one per request
             logprobs=None if logprobs is None else np.asarray(logprobs).tolist(),
             entropy=None if entropy is None else entropy.tolist(),
@@ -807,6 +826,36 @@ class _ContainedProcess:
             logger.error("an sgl-jax thread failed after its engine stopped: %s", reason)
             return
         hooks.fault(reason, error)
+
+
+def _whole_calls(original, self, *args, **kwargs):
+    """whole_calls: once part of a call's requests has arrived, receive until all of it has
+    (`arrivals.py`), so the call starts as one batch."""
+    received = original(self, *args, **kwargs)
+    hooks = getattr(self, "_sgl_jax_rollout_hooks", None)
+    if hooks is None:
+        return received
+    arrivals = hooks.arrivals
+    arrivals.received(_rids(received))
+    deadline = time.monotonic() + CALL_ARRIVAL_WAIT_S
+    while arrivals.incomplete() and not hooks.stop.is_set():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            logger.warning(
+                "part of a call's requests had not reached the scheduler after %.1f s; "
+                "scheduling the ones that have",
+                CALL_ARRIVAL_WAIT_S,
+            )
+            break
+        if self.recv_from_tokenizer.poll(int(1e3 * min(left, IDLE_WAIT_MS / 1e3)) + 1):
+            more = original(self, *args, **kwargs)
+            arrivals.received(_rids(more))
+            received = [*received, *more]
+    return received
+
+
+def _rids(messages: Iterable[Any]) -> list[str]:
+    return [rid for m in messages if isinstance(rid := getattr(m, "rid", None), str)]
 
 
 def _idle_wait_and_stop(original, self, *args, **kwargs):

@@ -9,7 +9,8 @@ Owns:
   recompile).
 - `RolloutLogitsOutput`: sgl-jax's `LogitsProcessorOutput` (12 fixed pytree children) plus
   our per-token entropy and top logprobs and the advanced slot state. Extra attributes on the
-  stock class would be dropped at the jit boundary, hence a registered subclass.
+  stock class would be dropped at the jit boundary, hence a registered subclass. After the
+  step it may also carry the logprobs per padded row (`rollout_logprobs`, host side).
 - `RolloutSampler`: the module the runner builds in place of `Sampler` (see patches.py).
 
 Only imported once sgl_jax is importable (its classes come from `upstream.py`). The sampling
@@ -74,6 +75,9 @@ class RolloutLogitsOutput(LogitsProcessorOutput):
     rollout_top_logprob_ids: jax.Array | None = None
     rollout_top_logprobs: jax.Array | None = None
     rollout_state: SlotState | None = None
+    # Host side only, never a pytree child: the step's logprobs per padded row, moved here
+    # from `next_token_logprobs` when upstream reads none (patches.py, outputs_in_flight).
+    rollout_logprobs: jax.Array | None = None
 
     def tree_flatten(self):
         children, aux = super().tree_flatten()

@@ -78,6 +78,7 @@ FUNCTIONS: dict[str, tuple[str, ...]] = {
     "Scheduler.process_batch_result": ("self", "batch", "result"),
     "Scheduler.stream_output": ("self", "reqs", "return_logprob"),
     "Scheduler.on_idle": ("self",),
+    "Scheduler.recv_requests": ("self",),
     "Scheduler.__init__": ("self", "server_args", "port_args"),
     "Scheduler.run_batch": ("self", "batch"),
     "Scheduler.watchdog_thread": ("self",),
@@ -144,7 +145,7 @@ ATTRIBUTES: dict[str, tuple[str, ...]] = {
         *("sampling_params", "finished_reason", "to_finish"),
     ),
     "ScheduleBatch": ("reqs_info", "per_dp_bs_size", "forward_mode"),
-    "ModelWorkerBatch": ("sampling_info",),
+    "ModelWorkerBatch": ("sampling_info", "return_logprob", "return_output_logprob_only"),
     "SamplingBatchInfo": ("temperatures",),
     "SamplingParams": ("temperature", "top_k", "top_p", "min_p", "sampling_seed"),
     "ForwardBatch": (

@@ -16,6 +16,10 @@ it, so that without `patches.cache_loc_copied` every request but the first of a 
 attend over the next step's KV slots (in about half of all engine starts otherwise, depending
 on where numpy put the buffer).
 
+With overlap the forward thread can queue step t + 1 while step t computes only if it never
+waits for step t's outputs: they must reach the scheduler as device arrays (their host copies in
+flight), with no logprobs left for upstream to copy on that thread.
+
 It runs on the session rollout of tests/conftest.py, which orders it after the tests that start
 their own engines and before the test that shuts the session engine down.
 """
@@ -26,10 +30,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 
-from tests.sgl_jax_rollout.engine.overlap_worker import CASES, MAX_TOKENS, workload
+from tests.sgl_jax_rollout.engine.overlap_worker import CASES, MAX_TOKENS, PROMPTS, workload
 
 pytestmark = pytest.mark.engine
 ROOT = Path(__file__).resolve().parents[2]
@@ -77,3 +82,26 @@ def test_overlap_on_and_off_give_the_same_completions(rollout, tiny_dir, aligned
     # Some requests finished (EOS) while others went on (the overlapped finished-request step),
     # and some cases ran every request to the end (the same batches: bitwise equal).
     assert early and early != set(CASES)
+
+
+def test_the_forward_thread_never_waits_for_a_steps_outputs(rollout, monkeypatch):
+    from sgl_jax_rollout.engine import patches
+    from sgl_jax_rollout.tunix_compat import RolloutConfig
+
+    seen = []
+    collect = patches._collect
+
+    def spy(hooks, scheduler, batch, out):
+        per_row = (out.rollout_logprobs, out.rollout_entropy)
+        seen.append((all(isinstance(x, jax.Array) for x in per_row), out.next_token_logprobs))
+        collect(hooks, scheduler, batch, out)
+
+    monkeypatch.setattr(patches, "_collect", spy)
+    config = RolloutConfig(max_tokens_to_generate=8, seed=1, return_logprobs=True)
+    out = rollout.generate(PROMPTS, config, temperature=1.0, ignore_eos=True)
+    assert len(seen) >= 8  # a prefill and the decode steps
+    assert all(on_device and upstreams is None for on_device, upstreams in seen), seen
+    # and the values the collector gathered from the padded rows are every request's own
+    for tokens, logprobs, entropy in zip(out.tokens, out.logprobs, out.entropy, strict=True):
+        assert len(tokens) == len(logprobs) == len(entropy) == 8
+        assert np.all(np.asarray(logprobs) < 0) and np.all(np.asarray(entropy) > 0)

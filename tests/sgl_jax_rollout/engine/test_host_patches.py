@@ -55,22 +55,28 @@ def test_the_detokenizer_gets_only_the_last_id_of_our_requests(hooks):
     assert hooks.detokenizer_states == 2
 
 
-def test_our_outputs_come_to_the_host_with_upstreams_logprobs():
+@pytest.mark.parametrize("upstream_reads_logprobs", [False, True])
+def test_upstream_materialises_logprobs_only_for_a_batch_that_asks(upstream_reads_logprobs):
     from sgl_jax_rollout.engine import patches
     from sgl_jax_rollout.engine.sampler_module import RolloutLogitsOutput
 
+    logprobs = jnp.array([-1.0, -2.0, -3.0, -4.0])
+    entropy = jnp.array([0.5, 1.5, 2.5, 3.5])
     out = RolloutLogitsOutput(next_token_logits=jnp.zeros((4, 8)))
-    out.next_token_logprobs = jnp.array([-1.0, -2.0, -3.0, -4.0])
-    out.rollout_entropy = jnp.array([0.5, 1.5, 2.5, 3.5])
+    out.next_token_logprobs, out.rollout_entropy = logprobs, entropy
+    batch = types.SimpleNamespace(
+        return_logprob=upstream_reads_logprobs, return_output_logprob_only=False
+    )
     seen = {}
 
     def original(self, logits_output, model_worker_batch, selector):
-        seen.update(
-            logprobs=logits_output.next_token_logprobs, entropy=logits_output.rollout_entropy
-        )
+        seen["logprobs"] = logits_output.next_token_logprobs
 
-    patches._one_transfer(original, None, out, None, np.arange(4))
-    assert isinstance(seen["logprobs"], np.ndarray) and isinstance(seen["entropy"], np.ndarray)
-    np.testing.assert_array_equal(seen["entropy"], [0.5, 1.5, 2.5, 3.5])
-    np.testing.assert_array_equal(seen["logprobs"], [-1.0, -2.0, -3.0, -4.0])
+    patches._outputs_in_flight(original, None, out, batch, np.arange(4))
+    # our outputs stay device arrays (their host copies started), read later by `_collect`
+    assert out.rollout_entropy is entropy
+    if upstream_reads_logprobs:
+        assert seen["logprobs"] is logprobs and out.rollout_logprobs is None
+    else:
+        assert seen["logprobs"] is None and out.rollout_logprobs is logprobs
     assert out.rollout_top_logprobs is None
