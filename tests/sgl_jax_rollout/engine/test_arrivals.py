@@ -1,6 +1,6 @@
 """Arrivals: a call is incomplete from its first received request until its last, or until the
 call is forgotten; calls are tracked apart, and messages of other requests change nothing.
-(The engine side, one prefill per call, is tested in test_whole_calls_engine.py.)"""
+(The engine side, one prefill per call: test_rollout.py::test_a_call_is_prefilled_as_one_batch.)"""
 
 from sgl_jax_rollout.engine.arrivals import Arrivals
 
