@@ -75,6 +75,13 @@ instead of raising.
   `CALL_ARRIVAL_WAIT_S`), so each call starts as one batch. Upstream's tokenizer manager sends
   a batch one request per message and the scheduler took what had arrived: a call's first
   requests were often prefilled alone, one model step more per call.
+- `finished_leave_first`: wraps `Scheduler.get_new_batch_prefill`: requests that finished at
+  the last step leave the running batch before new ones are admitted. Upstream filters them
+  out only after admission (`update_running_batch`, `scheduler.py:2365`, called when no
+  prefill was formed) and counts them against `max_running_requests` until then
+  (`scheduler.py:2169-2172`): a call sent right after another one, before the scheduler's
+  next turn, had its first prefill cut by the previous call's size (12 of 16 after a call of
+  4), one model step more.
 - `idle_wait_and_stop`: wraps `Scheduler.on_idle`: a fully idle scheduler runs the engine's
   `IdleWork` (weight swap, cache flush), then waits on its sockets and on the work pipe
   (upstream spins a core at 100%), and exits its thread when the engine is shut down.
@@ -299,6 +306,7 @@ def apply(server_args: Iterable[str] = ()) -> None:
         _wrap(get("Scheduler"), "stream_output", _record_before_stream)
         _wrap(get("Scheduler"), "on_idle", _idle_wait_and_stop)
         _wrap(get("Scheduler"), "recv_requests", _whole_calls)
+        _wrap(get("Scheduler"), "get_new_batch_prefill", _finished_leave_first)
         _wrap(get("NativeAttention"), "__call__", per_rank_native_attention)
         _wrap(get("Llama3RotaryEmbedding"), "__init__", _llama3_scaled_frequencies)
         _wrap(get("DetokenizerManager"), "handle_batch_token_id_out", _detokenize)
@@ -852,6 +860,24 @@ def _whole_calls(original, self, *args, **kwargs):
             arrivals.received(_rids(more))
             received = [*received, *more]
     return received
+
+
+def _finished_leave_first(original, self, *args, **kwargs):
+    """finished_leave_first: filter finished requests out of the running batch before
+    admitting new ones, as upstream's `update_running_batch` does after (`scheduler.py:2365,
+    2414-2420`), so they hold no slot of the new prefill."""
+    running = self.running_batch
+    if (
+        getattr(self, "_sgl_jax_rollout_hooks", None) is not None
+        and self.waiting_queue
+        and any(req.finished() for info in running.reqs_info for req in info.reqs or ())
+    ):
+        before = [len(info.reqs or ()) for info in running.reqs_info]
+        running.filter_batch()
+        for info, size in zip(running.reqs_info, before, strict=True):
+            if len(info.reqs or ()) < size:
+                info.batch_is_full = False
+    return original(self, *args, **kwargs)
 
 
 def _rids(messages: Iterable[Any]) -> list[str]:

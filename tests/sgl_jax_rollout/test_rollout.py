@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import jax
@@ -101,19 +102,40 @@ def test_decode_steps_with_the_same_requests_reuse_their_rows(rollout, monkeypat
 
 
 def test_a_call_is_prefilled_as_one_batch(rollout):
-    """patches.whole_calls: upstream's tokenizer manager sends a call's requests one message
-    each and its scheduler took what had arrived, so a call's first request or two were often
-    prefilled alone, a model step before the rest (in 5 of 6 calls of the benchmark's
-    workloads with overlap off). Here the sends are also spread out, 3 ms apart (a busy host):
-    the call still starts as one batch."""
+    """A call's requests start as one prefill, in two situations that split it before:
+    - patches.whole_calls: upstream's tokenizer manager sends a call's requests one message
+      each and its scheduler took what had arrived, so a call's first request or two were
+      often prefilled alone (in 5 of 6 calls of the benchmark's workloads with overlap off).
+      Here the sends are also spread out, 3 ms apart (a busy host).
+    - patches.finished_leave_first: a call that reaches the scheduler before its next turn
+      after the previous call's outputs found that call's finished requests still in the
+      running batch, holding slots (12 of the engine's 16 after a call of 4). Here the
+      scheduler is held, right after sending a call's last outputs, until the next call is
+      sent, as a fast caller on a busy host gets it."""
+    scheduler = rollout.engine._hooks.scheduler
     runner = rollout.engine.model_runner
     manager = rollout.engine._engine.tokenizer_manager
-    send = manager._send_one_request
+    send, process = manager._send_one_request, scheduler.process_batch_result
+    prompts = [f"prompt {i}: " + "a b " * i for i in range(16)]  # the engine's 16 slots
+    next_call_sent = threading.Event()
+    sent, held = [], []  # request ids in send order (the pair's first call, then the second)
 
-    def slow_send(*args, **kwargs):
-        state = send(*args, **kwargs)
+    def slow_send(obj, tokenized, *args, **kwargs):
+        state = send(obj, tokenized, *args, **kwargs)
         time.sleep(0.003)
+        sent.append(tokenized.rid)
+        if len(sent) == len(PROMPTS) + len(prompts):
+            next_call_sent.set()
         return state
+
+    def hold_after_first_call(batch, *args, **kwargs):
+        reqs = [req for info in batch.reqs_info for req in info.reqs or ()]
+        finishing = not all(req.finished() for req in reqs)
+        result = process(batch, *args, **kwargs)
+        first_call = {req.rid for req in reqs} == set(sent[: len(PROMPTS)])
+        if finishing and first_call and all(req.finished() for req in reqs):
+            held.append(next_call_sent.wait(30))  # its outputs are sent: hold the scheduler
+        return result
 
     steps = []
     forward = runner.forward
@@ -123,16 +145,21 @@ def test_a_call_is_prefilled_as_one_batch(rollout):
         steps.append((bool(forward_batch.forward_mode.is_decode()), rows))
         return forward(forward_batch, *args, **kwargs)
 
-    prompts = [f"prompt {i}: " + "a b " * i for i in range(16)]  # the engine's 16 slots
     runner.forward, manager._send_one_request = spy, slow_send
+    scheduler.process_batch_result = hold_after_first_call
     try:
         for seed in range(3):
+            sent.clear()
+            next_call_sent.clear()
             steps.clear()
+            rollout.generate(PROMPTS, config(max_tokens_to_generate=4, seed=seed), ignore_eos=True)
             rollout.generate(prompts, config(max_tokens_to_generate=6, seed=seed), ignore_eos=True)
-            assert [rows for decode, rows in steps if not decode] == [16], steps
-            assert {rows for decode, rows in steps if decode} == {16}, steps
+            assert [rows for decode, rows in steps if not decode] == [len(PROMPTS), 16], steps
+            second = steps[steps.index((False, 16)) + 1 :]
+            assert len(second) >= 5 and set(second) == {(True, 16)}, steps
     finally:
-        del runner.forward, manager._send_one_request
+        del runner.forward, manager._send_one_request, scheduler.process_batch_result
+    assert held == [True] * 3, held  # the scheduler was held once per pair, then released
 
 
 def test_get_per_token_logps_equals_trainer_on_given_completions(rollout, trainer):

@@ -1,7 +1,9 @@
-"""Two host-work patches around upstream calls, driven with test doubles of the upstream side
-(a stub `original` that records what upstream would receive, and a stub detokenizer holding
-only `decode_status`): the code under test is our wrapper; the live engine runs both in every
-engine test (tokens, logprobs and entropy there are checked against the trainer)."""
+"""Three host-work patches around upstream calls, driven with test doubles of the upstream side
+(a stub `original` that records what upstream would receive, a stub detokenizer holding only
+`decode_status`, a stub running batch whose `filter_batch` drops finished requests as
+upstream's does): the code under test is our wrapper; the live engine runs all three in every
+engine test (tokens, logprobs and entropy there are checked against the trainer;
+`test_rollout.py::test_a_call_is_prefilled_as_one_batch` checks the admission one)."""
 
 from __future__ import annotations
 
@@ -80,3 +82,39 @@ def test_upstream_materialises_logprobs_only_for_a_batch_that_asks(upstream_read
     else:
         assert seen["logprobs"] is None and out.rollout_logprobs is logprobs
     assert out.rollout_top_logprobs is None
+
+
+@pytest.mark.parametrize("waiting", [False, True])
+def test_finished_requests_leave_the_running_batch_before_admission(hooks, waiting):
+    from sgl_jax_rollout.engine import patches, upstream
+
+    def req(finished):
+        return types.SimpleNamespace(finished=lambda: finished)
+
+    running, done = req(False), req(True)
+    ranks = [  # rank 0: full, one request finished; rank 1: nothing finished
+        upstream.get("ScheduleReqsInfo")(reqs=[done, running], batch_is_full=True),
+        upstream.get("ScheduleReqsInfo")(reqs=[req(False)], batch_is_full=True),
+    ]
+
+    def filter_batch():  # as upstream's: keeps the requests not finished
+        for info in ranks:
+            info.reqs = [r for r in info.reqs if not r.finished()]
+
+    batch = types.SimpleNamespace(reqs_info=ranks, filter_batch=filter_batch)
+    scheduler = types.SimpleNamespace(
+        running_batch=batch, waiting_queue=["new"] if waiting else [], _sgl_jax_rollout_hooks=hooks
+    )
+    seen = {}
+
+    def original(self):
+        seen["sizes"] = [len(info.reqs) for info in self.running_batch.reqs_info]
+        seen["full"] = [info.batch_is_full for info in self.running_batch.reqs_info]
+        return "prefill"
+
+    assert patches._finished_leave_first(original, scheduler) == "prefill"
+    if waiting:  # admission sees the finished request gone and its rank no longer full
+        assert seen == {"sizes": [1, 1], "full": [False, True]}
+        assert ranks[0].reqs == [running]
+    else:  # nothing to admit: upstream's own order, untouched
+        assert seen == {"sizes": [2, 1], "full": [True, True]}
