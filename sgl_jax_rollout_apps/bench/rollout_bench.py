@@ -10,25 +10,27 @@ the same number of tokens), tokens/s as the median of >= 5 runs after a warm-up 
 - `ours_no_overlap`: the same on an engine of its own with overlap scheduling off;
 - `ours_plain`: the rollout with neither logprobs nor entropy (overlap on);
 - `tunix_sglang_jax`: tunix 0.1.7's own sgl-jax rollout with tunix's defaults (overlap
-  scheduling on), same engine settings and weights (in a subprocess: our engine patches are
-  process-wide);
+  scheduling on), same engine settings and weights;
 - `sgl_jax_stock` / `sgl_jax_stock_no_overlap`: the engine as it ships (its own sampler, no
-  logprobs, no entropy) with overlap scheduling on / off (subprocesses, `sgl_jax_stock.py`);
-- `vanilla`: tunix's `VanillaRollout` on the trainer model with the same weights;
-plus `ratios`, `recompiles_after_warmup` (10 calls that vary every sampling setting, after one
+  logprobs, no entropy) with overlap scheduling on / off;
+- `vanilla`: tunix's `VanillaRollout` on the trainer model with the same weights (in this
+  process, before the others).
+Every engine column runs on an engine of its own in a process of its own (`columns`), all
+started first and then timed in turns (`turns`): in each run every column makes one call, in
+an order rotated from run to run, so a drift in the machine's speed reaches all alike.
+Plus `ratios`, `recompiles_after_warmup` (10 calls that vary every sampling setting, after one
 warm-up pass over the same 10 modes) and `host_ms_per_decode_step`: engine wall time per
 model step minus the time in the jitted model and sampler calls (`engine.profiling`), ours
-and the stock engine's, both with overlap off (`ours_no_overlap`'s engine: with it on the
-host's work hides behind the device's, and wall minus device time no longer measures it),
-with the sampler's milliseconds per step beside it (`host_time`). `penalties_host`: our host
-milliseconds per decode step with penalties on (`PENALTY_OVERRIDES`) at `PENALTY_LENGTHS`
-generated tokens, and their ratio: host work that grows with the length of a generation
-shows there (an engine of its own, `PENALTY_SETTINGS`, overlap off). `real_size`: the same
-columns (ours full with overlap on / off, stock with overlap on / off, host times) for a
-second model with
-Qwen3-0.6B's dimensions and vocabulary and `REAL_SIZE_LAYERS` layers (`real_size_layers`; 0
-skips it), generated offline on first use, where the model step and the 151,936-id sampler
-weigh what they weigh on a slice.
+and the stock engine's, both with overlap off (`HOST_COLUMNS`: with it on the host's work
+hides behind the device's, and wall minus device time no longer measures it), with the
+sampler's milliseconds per step beside it (`host_time`), timed in turns too. `penalties_host`:
+our host milliseconds per decode step with penalties on (`PENALTY_OVERRIDES`) at
+`PENALTY_LENGTHS` generated tokens, and their ratio: host work that grows with the length of a
+generation shows there (an engine of its own in this process, `PENALTY_SETTINGS`, overlap
+off). `real_size`: the same columns (ours full with overlap on / off, stock with overlap on /
+off, host times) for a second model with Qwen3-0.6B's dimensions and vocabulary and
+`REAL_SIZE_LAYERS` layers (`real_size_layers`; 0 skips it), generated offline on first use,
+where the model step and the 151,936-id sampler weigh what they weigh on a slice.
 
 `weights`: `update_params` with the trainer's nnx state (mapped, resharded, checked, swapped,
 cache flushed) against a plain `jax.device_put` copy of the same pytree: median of >= 5,
@@ -43,7 +45,6 @@ under `sgl-jax-rollout launch`).
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -55,8 +56,9 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
-from sgl_jax_rollout.engine.availability import require_sgl_jax
 from sgl_jax_rollout.utils.compiles import count_compiles
+from sgl_jax_rollout_apps.bench.columns import rollout_config
+from sgl_jax_rollout_apps.bench.turns import Turns
 from sgl_jax_rollout_apps.bench.workloads import WORKLOADS, prompts
 
 LORA_RANK = 8
@@ -97,27 +99,14 @@ REAL_SIZE_SETTINGS = dict(
     precompile_token_paddings=(512,),
 )
 
-# Ten calls that vary every sampling setting: (rollout config changes, per-call overrides).
-VARIED_CALLS = [
-    (dict(temperature=1.0), dict()),
-    (dict(temperature=0.7, top_k=20), dict()),
-    (dict(temperature=0.9, top_p=0.8), dict(min_p=0.05)),
-    (dict(temperature=0.0), dict()),
-    (dict(temperature=1.0), dict(repetition_penalty=1.3, frequency_penalty=0.5)),
-    (dict(temperature=1.0), dict(presence_penalty=0.4, min_new_tokens=4)),
-    (dict(temperature=1.0), dict(n=2, stop=["zz"])),
-    (dict(temperature=1.0), dict(logprobs_mode="raw")),
-    (dict(temperature=1.0), dict(entropy_source="processed", entropy_top_k=16)),
-    (dict(temperature=1.0, seed=[3] * 16), dict(return_entropy=False)),
-]
-
-
-def _rollout_config(**changes: Any):
-    from sgl_jax_rollout.tunix_compat import RolloutConfig
-
-    base = dict(max_tokens_to_generate=64, max_prompt_length=64, temperature=1.0, top_p=1.0, seed=0)
-    base.update(changes)
-    return RolloutConfig(**base)
+TINY_WORKERS = ["ours", "ours_no_overlap", "sgl_jax_stock", "sgl_jax_stock_no_overlap"]
+TINY_WORKERS += ["tunix_sglang_jax"]
+REAL_SIZE_WORKERS = ["ours", "ours_no_overlap", "sgl_jax_stock", "sgl_jax_stock_no_overlap"]
+# Host time is measured with overlap scheduling off (with it on, host work hides behind the
+# device's and wall minus device time no longer measures it): label measured -> name shown.
+HOST_COLUMNS = {"ours_no_overlap": "ours", "sgl_jax_stock_no_overlap": "sgl_jax_stock"}
+LABELS = ["ours_full", "ours_plain", "ours_overlap", "ours_no_overlap", "sgl_jax_stock"]
+LABELS += ["sgl_jax_stock_no_overlap", "tunix_sglang_jax", "vanilla"]
 
 
 def _median_rate(call, tokens: int, runs: int, label: str) -> float:
@@ -144,17 +133,15 @@ def run_rollout(
         "engine_settings": SETTINGS,
     }
     vanilla = _vanilla_rates(model_dir, runs)
-    tunix = _subprocess("tunix_sglang_jax", model_dir, runs)
-    stock = _subprocess("sgl_jax_stock", model_dir, runs, "1")
-    stock_no_overlap = _subprocess("sgl_jax_stock", model_dir, runs, "0")
-    rollout = SglangJaxRollout(model_path=model_dir, engine_settings=SETTINGS)
+    turns = Turns(TINY_WORKERS, model_dir, SETTINGS, WORKLOADS, plain=True)
     try:
-        ours = _ours(rollout, WORKLOADS, runs, plain=True)
-        result["recompiles_after_warmup"] = _recompiles(rollout, rollout.engine.tokenizer)
+        rates, host = turns.rates(runs), turns.host(runs)
+        result["recompiles_after_warmup"] = turns.check("ours", "recompiles_after_warmup")
     finally:
-        rollout.shutdown()
-    _add_no_overlap(ours, model_dir, SETTINGS, WORKLOADS, runs)
-    result.update(_columns(ours, stock, stock_no_overlap, tunix_sglang_jax=tunix, vanilla=vanilla))
+        turns.close()
+    for name, rate in vanilla.items():
+        rates[name]["vanilla"] = rate
+    result.update(_columns(rates, host))
     rollout = SglangJaxRollout(
         model_path=model_dir, engine_settings=dict(PENALTY_SETTINGS, overlap_schedule=False)
     )
@@ -167,96 +154,31 @@ def run_rollout(
     return result
 
 
-def _ours(
-    rollout, workloads: dict, runs: int, plain: bool = False, host: bool = False
-) -> dict[str, dict[str, Any]]:
-    """Per workload: `ours_full` tokens/s (logprobs and full entropy), with `plain` also
-    `ours_plain` (neither), with `host` the host time of `runs` more full calls (medians;
-    meaningful with overlap off only: with it on, host work hides behind the device's)."""
-    out = {}
-    for name, (count, lengths, new_tokens) in workloads.items():
-        batch = prompts(rollout.engine.tokenizer, count, lengths)
-        rc = _rollout_config(max_tokens_to_generate=new_tokens)
-
-        def full(b=batch, c=rc):
-            rollout.generate(b, c, ignore_eos=True)
-
-        out[name] = {"ours_full": _median_rate(full, count * new_tokens, runs, f"ours {name}")}
-        if plain:
-            out[name]["ours_plain"] = _median_rate(
-                lambda b=batch, c=rc: rollout.generate(
-                    b, c, ignore_eos=True, return_logprobs=False, return_entropy=False
-                ),
-                count * new_tokens,
-                runs,
-                f"ours_plain {name}",
-            )
-        if host:
-            out[name]["host"] = _host_time(rollout, full, runs)
-    return out
-
-
-def _ours_on_engine(
-    model_dir: Path, settings: dict, workloads: dict, runs: int, overlap: bool
-) -> dict[str, dict[str, Any]]:
-    """`_ours` (full outputs only) on an engine of its own with overlap scheduling on / off;
-    the host time with it off."""
-    from sgl_jax_rollout.rollout import SglangJaxRollout
-
-    rollout = SglangJaxRollout(
-        model_path=model_dir, engine_settings=dict(settings, overlap_schedule=overlap)
-    )
-    try:
-        return _ours(rollout, workloads, runs, host=not overlap)
-    finally:
-        rollout.shutdown()
-
-
-def _add_no_overlap(
-    ours: dict, model_dir: Path, settings: dict, workloads: dict, runs: int
-) -> None:
-    """`ours_overlap` (= `ours_full`, our default), and `ours_no_overlap` and the host time
-    from an engine with overlap scheduling off."""
-    off = _ours_on_engine(model_dir, settings, workloads, runs, overlap=False)
-    for name, values in off.items():
-        ours[name]["ours_overlap"] = ours[name]["ours_full"]
-        ours[name]["ours_no_overlap"] = values["ours_full"]
-        ours[name]["host"] = values["host"]
-
-
-def _columns(ours: dict, stock: dict, stock_no_overlap: dict, **others: dict) -> dict[str, Any]:
-    """`tokens_per_s`, `host_time`, `host_ms_per_decode_step` and `ratios` of one model, from
-    our measurements, the stock engine's (overlap on / off) and `others` (name -> rates)."""
-    rates, host = {}, {}
-    for name, mine in ours.items():
-        rates[name] = {k: v for k, v in mine.items() if k != "host"}
-        rates[name]["sgl_jax_stock"] = stock.get(name, {}).get("tokens_per_s")
-        rates[name]["sgl_jax_stock_no_overlap"] = stock_no_overlap.get(name, {}).get("tokens_per_s")
-        for other, values in others.items():
-            rates[name][other] = values.get(name)
-        stock_host = dict(stock_no_overlap.get(name, {}))
-        stock_host.pop("tokens_per_s", None)
-        host[name] = {"ours": mine["host"], "sgl_jax_stock": stock_host or None}
-    ratios = {}
-    for name, r in rates.items():
+def _columns(rates: dict[str, dict[str, float]], host: dict[str, dict[str, dict]]) -> dict:
+    """`tokens_per_s`, `host_time`, `host_ms_per_decode_step` and `ratios` of one model from
+    the measured rates (workload -> label -> tokens/s) and host times (workload -> label
+    measured, as in `HOST_COLUMNS`, -> figures). `ours_overlap` is `ours_full` (our default);
+    a host time not measured is None."""
+    table, host_time, ratios = {}, {}, {}
+    for name, measured in rates.items():
+        measured = dict(measured, ours_overlap=measured["ours_full"])
+        table[name] = r = {label: measured[label] for label in LABELS if label in measured}
         ratios[name] = {
             f"full_vs_{other.removeprefix('ours_')}": r["ours_full"] / r[other]
-            if r.get(other)
-            else None
             for other in r
             if other not in ("ours_full", "ours_overlap") and not other.endswith("no_overlap")
         }
-        if r.get("ours_overlap") and r.get("ours_no_overlap"):
+        if "ours_no_overlap" in r:
             ratios[name]["overlap_vs_no_overlap"] = r["ours_overlap"] / r["ours_no_overlap"]
+        host_time[name] = {
+            shown: host.get(name, {}).get(label) for label, shown in HOST_COLUMNS.items()
+        }
     return {
-        "tokens_per_s": rates,
-        "host_time": host,
+        "tokens_per_s": table,
+        "host_time": host_time,
         "host_ms_per_decode_step": {
-            name: {
-                backend: (values or {}).get("host_ms_per_decode_step")
-                for backend, values in h.items()
-            }
-            for name, h in host.items()
+            name: {shown: (v or {}).get("host_ms_per_decode_step") for shown, v in h.items()}
+            for name, h in host_time.items()
         },
         "ratios": ratios,
     }
@@ -267,62 +189,36 @@ def _real_size(layers: int, runs: int) -> dict[str, Any]:
     from sgl_jax_rollout.tiny_model import real_size_model_dir
 
     model_dir = real_size_model_dir(layers)
-    extra = (json.dumps(REAL_SIZE_WORKLOADS),)
-    stock = _subprocess("sgl_jax_stock", model_dir, runs, "1", *extra, settings=REAL_SIZE_SETTINGS)
-    stock_no_overlap = _subprocess(
-        "sgl_jax_stock", model_dir, runs, "0", *extra, settings=REAL_SIZE_SETTINGS
-    )
-    ours = _ours_on_engine(model_dir, REAL_SIZE_SETTINGS, REAL_SIZE_WORKLOADS, runs, overlap=True)
-    _add_no_overlap(ours, model_dir, REAL_SIZE_SETTINGS, REAL_SIZE_WORKLOADS, runs)
+    turns = Turns(REAL_SIZE_WORKERS, model_dir, REAL_SIZE_SETTINGS, REAL_SIZE_WORKLOADS, False)
+    try:
+        rates, host = turns.rates(runs), turns.host(runs)
+    finally:
+        turns.close()
     return {
         "model": str(model_dir),
         "layers": layers,
         "engine_settings": REAL_SIZE_SETTINGS,
-        **_columns(ours, stock, stock_no_overlap),
+        **_columns(rates, host),
     }
-
-
-def _host_time(rollout, call, runs: int) -> dict[str, float]:
-    """Host, sampler and model milliseconds per step: medians over `runs` more calls."""
-    from sgl_jax_rollout.engine.profiling import host_time
-
-    return host_time(rollout.engine.model_runner, call, runs)
 
 
 def _penalties_host(rollout, tokenizer, runs: int) -> dict[str, Any]:
     """Our host time per step with penalties on, at each of `PENALTY_LENGTHS` new tokens."""
+    from sgl_jax_rollout.engine.profiling import host_time
+
     batch = prompts(tokenizer, *PENALTY_PROMPTS)
     out: dict[str, Any] = {"prompts": PENALTY_PROMPTS[0], "overrides": PENALTY_OVERRIDES}
     for length in PENALTY_LENGTHS:
-        rc = _rollout_config(max_tokens_to_generate=length)
+        rc = rollout_config(max_tokens_to_generate=length)
 
         def call(rc=rc):
             rollout.generate(batch, rc, ignore_eos=True, **PENALTY_OVERRIDES)
 
         call()  # warm-up: compiles every id-table width bucket this length meets
-        out[str(length)] = _host_time(rollout, call, runs)
+        out[str(length)] = host_time(rollout.engine.model_runner, call, runs)
     short, long = (out[str(n)]["host_ms_per_decode_step"] for n in PENALTY_LENGTHS)
     out[f"host_{PENALTY_LENGTHS[1]}_vs_{PENALTY_LENGTHS[0]}"] = long / short
     return out
-
-
-def _recompiles(rollout, tokenizer) -> int:
-    batch = prompts(tokenizer, 16, (5, 40))
-
-    def calls(shift: int):
-        for changes, overrides in VARIED_CALLS:
-            changes = dict(changes)
-            if "temperature" in changes and changes["temperature"] > 0:
-                changes["temperature"] = round(changes["temperature"] - 0.05 * shift, 3)
-            changes.setdefault("seed", 100 + shift)
-            rollout.generate(
-                batch, _rollout_config(max_tokens_to_generate=16, **changes), **overrides
-            )
-
-    calls(0)
-    with count_compiles() as compiles:
-        calls(1)
-    return compiles.count
 
 
 def _vanilla_rates(model_dir: Path, runs: int) -> dict[str, float]:
@@ -347,7 +243,7 @@ def _vanilla_rates(model_dir: Path, runs: int) -> dict[str, float]:
     rates = {}
     for name, (count, lengths, new_tokens) in WORKLOADS.items():
         batch = prompts(tokenizer, count, lengths)
-        rc = _rollout_config(max_tokens_to_generate=new_tokens, eos_tokens=[-1])
+        rc = rollout_config(max_tokens_to_generate=new_tokens, eos_tokens=[-1])
         rates[name] = _median_rate(
             lambda b=batch, c=rc: vanilla.generate(b, c),
             count * new_tokens,
@@ -355,31 +251,6 @@ def _vanilla_rates(model_dir: Path, runs: int) -> dict[str, float]:
             f"vanilla {name}",
         )
     return rates
-
-
-def _subprocess(
-    module: str, model_dir: Path, runs: int, *extra: str, settings: dict = SETTINGS
-) -> dict[str, Any]:
-    """Runs `sgl_jax_rollout_apps.bench.<module>` on stock sgl-jax in a subprocess (our engine
-    patches are process-wide) and returns its JSON; {} without sgl-jax."""
-    try:
-        require_sgl_jax()
-    except ImportError:
-        return {}
-    cmd = [
-        sys.executable,
-        "-m",
-        f"sgl_jax_rollout_apps.bench.{module}",
-        str(model_dir),
-        json.dumps(settings),
-        str(runs),
-        *extra,
-    ]
-    print(f"{module} {' '.join(extra)}: running on {model_dir} in a subprocess", file=sys.stderr)
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
-    if proc.returncode != 0:
-        raise RuntimeError(f"{module} failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def run_weights(model_dir: str | Path | None = None, runs: int = 5) -> dict:

@@ -1,31 +1,29 @@
-"""tunix 0.1.7's own `SglangJaxRollout`, timed on the rollout benchmark's workloads.
+"""tunix 0.1.7's own `SglangJaxRollout`, as calls on the rollout benchmark's workloads.
 
-Run as a subprocess by `rollout_bench` (`python -m sgl_jax_rollout_apps.bench.tunix_sglang_jax
-MODEL_DIR SETTINGS_JSON RUNS`): our engine patches are process-wide, and tunix's rollout must
-run on stock sgl-jax. Uses the same engine settings and the weights of MODEL_DIR (tunix loads
-them into its trainer model and syncs them to the engine), and tunix's defaults otherwise
-(overlap scheduling on, as its users run it). Prints one JSON object: tokens/s (median of
-RUNS) per workload.
+Owns `build` (`columns` builds it in a process of its own: our engine patches are
+process-wide, and tunix's rollout must run on stock sgl-jax). Same engine settings and the
+weights of the model directory (tunix loads them into its trainer model and syncs them to the
+engine), and tunix's defaults otherwise (overlap scheduling on, as its users run it).
 """
 
 from __future__ import annotations
 
-import json
-import statistics
-import sys
-import time
+import functools
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 
-def main(model_dir: str, settings_json: str, runs: int) -> dict:
+def build(model_dir: Path, settings: dict, workloads: dict) -> dict[str, Callable[[], Any]]:
+    """Per workload, one `generate` call of tunix's rollout."""
     import jax
     from transformers import AutoTokenizer
 
     from sgl_jax_rollout.tunix_compat import RolloutConfig
     from sgl_jax_rollout.tunix_compat import TunixSglangJaxRollout as SglangJaxRollout
-    from sgl_jax_rollout_apps.bench.workloads import WORKLOADS, prompts
+    from sgl_jax_rollout_apps.bench.workloads import prompts
     from tunix_adapter.models import load_tunix_model
 
-    settings = json.loads(settings_json)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = load_tunix_model(model_dir)
     mesh = jax.make_mesh((1, 1), ("fsdp", "tp"))
@@ -34,7 +32,7 @@ def main(model_dir: str, settings_json: str, runs: int) -> dict:
         max_prompt_length=64,
         temperature=1.0,
         top_p=1.0,
-        rollout_sglang_jax_model_version=model_dir,
+        rollout_sglang_jax_model_version=str(model_dir),
         rollout_sglang_jax_context_length=settings["context_length"],
         rollout_sglang_jax_disable_radix_cache=settings["disable_radix_cache"],
         rollout_sglang_jax_precompile_bs_paddings=list(settings["precompile_bs_paddings"]),
@@ -52,23 +50,10 @@ def main(model_dir: str, settings_json: str, runs: int) -> dict:
         },
     )
     rollout = SglangJaxRollout(model, tokenizer, mesh, config)
-    result = {}
-    for name, (count, lengths, new_tokens) in WORKLOADS.items():
-        batch = prompts(tokenizer, count, lengths)
+    calls = {}
+    for name, (count, lengths, new_tokens) in workloads.items():
         rc = RolloutConfig(**{**config.__dict__, "max_tokens_to_generate": new_tokens})
-        rollout.generate(batch, rc, ignore_eos=True)  # warm-up
-        rates = []
-        for _ in range(runs):
-            start = time.perf_counter()
-            rollout.generate(batch, rc, ignore_eos=True)
-            rates.append(count * new_tokens / (time.perf_counter() - start))
-        result[name] = statistics.median(rates)
-    return result
-
-
-if __name__ == "__main__":
-    print(json.dumps(main(sys.argv[1], sys.argv[2], int(sys.argv[3]))))
-    sys.stdout.flush()
-    import os
-
-    os._exit(0)  # tunix's engine registered an atexit shutdown that kills child processes
+        calls[name] = functools.partial(
+            rollout.generate, prompts(tokenizer, count, lengths), rc, ignore_eos=True
+        )
+    return calls
