@@ -5,10 +5,11 @@ of the applications, imported when the subcommand runs (so `--help` and a missin
 reported fast). Subcommands: `demo` (the main job, `sgl_jax_rollout_apps.demo`), `compare`,
 `check --model-path DIR` (the pre-flight, `tunix_adapter.check`), `make-tiny-model DIR [--arch
 A | --like NAME [--real-size [--layers N]]]`, `bench sampler|rollout|weights [--json]
-[--real-size-layers N]`, `bench soak [--requests N] [--cycles C] [--json]` (exits 1 when the
-soak finds a bad completion or memory growth), `launch --processes N --devices-per-process D
--- COMMAND` (COMMAND as N JAX processes on this machine: `sgl_jax_rollout_apps.launch`). Every
-subcommand first joins the launcher's JAX processes when it runs under `launch`.
+[--real-size-layers N] [--starts S]`, `bench soak [--requests N] [--cycles C] [--json]` (exits
+1 when the soak finds a bad completion or memory growth), `launch --processes N
+--devices-per-process D -- COMMAND` (COMMAND as N JAX processes on this machine:
+`sgl_jax_rollout_apps.launch`). Every subcommand first joins the launcher's JAX processes when it
+runs under `launch`.
 """
 
 from __future__ import annotations
@@ -99,7 +100,10 @@ def _bench(args: argparse.Namespace) -> int:
 
         if args.target == "rollout":
             result = rollout_bench.run_rollout(
-                model_dir=args.model_path, runs=args.runs, real_size_layers=args.real_size_layers
+                model_dir=args.model_path,
+                runs=args.runs,
+                real_size_layers=args.real_size_layers,
+                starts=args.starts,
             )
         else:
             result = rollout_bench.run_weights(model_dir=args.model_path, runs=args.runs)
@@ -444,6 +448,12 @@ def build_parser() -> argparse.ArgumentParser:
         "use, 620 MB + 63 MB per layer; 0 skips it)",
     )
     bench.add_argument(
+        "--starts",
+        type=int,
+        default=3,
+        help="rollout: engine starts per column, the runs spread over them (1..runs)",
+    )
+    bench.add_argument(
         "--requests",
         type=int,
         default=1000,
@@ -487,6 +497,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--steps must be >= 20, got {args.steps}")
     if args.command == "bench" and args.runs < 5:
         parser.error(f"--runs must be >= 5, got {args.runs}")
+    if args.command == "bench" and not 1 <= args.starts <= args.runs:
+        parser.error(f"--starts must be in [1, --runs ({args.runs})], got {args.starts}")
     if args.command == "make-tiny-model" and args.arch and args.like:
         parser.error("--arch and --like exclude each other (--like sets the architecture)")
     if args.command == "bench" and not 0 <= args.real_size_layers <= 28:

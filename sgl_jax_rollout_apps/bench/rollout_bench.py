@@ -17,7 +17,8 @@ the same number of tokens), tokens/s as the median of >= 5 runs after a warm-up 
   process, before the others).
 Every engine column runs on an engine of its own in a process of its own (`columns`), all
 started first and then timed in turns (`turns`): in each run every column makes one call, in
-an order rotated from run to run, so a drift in the machine's speed reaches all alike.
+an order rotated from run to run, so a drift in the machine's speed reaches all alike; the
+runs are spread over `starts` starts of every engine (`STARTS`), whose speeds differ.
 Plus `ratios`, `recompiles_after_warmup` (10 calls that vary every sampling setting, after one
 warm-up pass over the same 10 modes) and `host_ms_per_decode_step`: engine wall time per
 model step minus the time in the jitted model and sampler calls (`engine.profiling`), ours
@@ -58,10 +59,11 @@ from tqdm import tqdm
 
 from sgl_jax_rollout.utils.compiles import count_compiles
 from sgl_jax_rollout_apps.bench.columns import rollout_config
-from sgl_jax_rollout_apps.bench.turns import Turns
+from sgl_jax_rollout_apps.bench.turns import measure
 from sgl_jax_rollout_apps.bench.workloads import WORKLOADS, prompts
 
 LORA_RANK = 8
+STARTS = 3  # engine starts per column, the runs spread over them (`turns.measure`)
 SETTINGS = dict(
     context_length=512,
     max_running_requests=64,
@@ -120,7 +122,10 @@ def _median_rate(call, tokens: int, runs: int, label: str) -> float:
 
 
 def run_rollout(
-    model_dir: str | Path | None = None, runs: int = 5, real_size_layers: int = REAL_SIZE_LAYERS
+    model_dir: str | Path | None = None,
+    runs: int = 5,
+    real_size_layers: int = REAL_SIZE_LAYERS,
+    starts: int = STARTS,
 ) -> dict:
     from sgl_jax_rollout.rollout import SglangJaxRollout
     from sgl_jax_rollout.tiny_model import default_model_dir
@@ -130,18 +135,16 @@ def run_rollout(
         "model": str(model_dir),
         "device": jax.default_backend(),
         "runs": runs,
+        "engine_starts": starts,
         "engine_settings": SETTINGS,
     }
     vanilla = _vanilla_rates(model_dir, runs)
-    turns = Turns(TINY_WORKERS, model_dir, SETTINGS, WORKLOADS, plain=True)
-    try:
-        rates, host = turns.rates(runs), turns.host(runs)
-        result["recompiles_after_warmup"] = turns.check("ours", "recompiles_after_warmup")
-    finally:
-        turns.close()
+    checks = {"ours": ["recompiles_after_warmup"]}
+    tiny = measure(TINY_WORKERS, model_dir, SETTINGS, WORKLOADS, runs, starts, True, checks)
+    result["recompiles_after_warmup"] = tiny.checks["ours"]["recompiles_after_warmup"]
     for name, rate in vanilla.items():
-        rates[name]["vanilla"] = rate
-    result.update(_columns(rates, host))
+        tiny.rates[name]["vanilla"] = rate
+    result.update(_columns(tiny.rates, tiny.host))
     rollout = SglangJaxRollout(
         model_path=model_dir, engine_settings=dict(PENALTY_SETTINGS, overlap_schedule=False)
     )
@@ -150,7 +153,7 @@ def run_rollout(
     finally:
         rollout.shutdown()
     if real_size_layers:
-        result["real_size"] = _real_size(real_size_layers, runs)
+        result["real_size"] = _real_size(real_size_layers, runs, starts)
     return result
 
 
@@ -184,21 +187,19 @@ def _columns(rates: dict[str, dict[str, float]], host: dict[str, dict[str, dict]
     }
 
 
-def _real_size(layers: int, runs: int) -> dict[str, Any]:
+def _real_size(layers: int, runs: int, starts: int) -> dict[str, Any]:
     """The second model size (`REAL_SIZE_*`): ours (full) against the stock engine."""
     from sgl_jax_rollout.tiny_model import real_size_model_dir
 
     model_dir = real_size_model_dir(layers)
-    turns = Turns(REAL_SIZE_WORKERS, model_dir, REAL_SIZE_SETTINGS, REAL_SIZE_WORKLOADS, False)
-    try:
-        rates, host = turns.rates(runs), turns.host(runs)
-    finally:
-        turns.close()
+    real = measure(
+        REAL_SIZE_WORKERS, model_dir, REAL_SIZE_SETTINGS, REAL_SIZE_WORKLOADS, runs, starts
+    )
     return {
         "model": str(model_dir),
         "layers": layers,
         "engine_settings": REAL_SIZE_SETTINGS,
-        **_columns(rates, host),
+        **_columns(real.rates, real.host),
     }
 
 

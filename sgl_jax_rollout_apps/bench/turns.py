@@ -4,12 +4,13 @@ Owns both ends of one small protocol. `Turns` (the benchmark's side) starts one 
 process per column (`columns.build`), one after another; each builds its engine, makes every
 call once (warm-up, compiles included) and reports ready. A worker that is not being timed is
 stopped (SIGSTOP), so it takes no CPU: the stock engine's scheduler polls while idle, and this
-machine's cores are the device's too. `rates(runs)` then makes, in each of `runs` rounds, every
-call of every column once, the columns in an order rotated each round, so a drift in the
-machine's speed over the run reaches every column alike: tokens/s per workload and label, the
-median over the rounds. `host(runs)` does the same for the host time per step
-(`engine.profiling.host_time`) of the columns that have a model runner, `check(name)` runs a
-column's one-off check.
+machine's cores are the device's too. `Turns.rounds` then makes, in each round, every call of
+every column once, the columns in an order rotated each round, so a drift in the machine's
+speed over the run reaches every column alike. `measure` spreads a benchmark's runs over
+several starts of every worker (on this 2-core CPU one engine start's model step measured
+31 ms and another's 42 ms on the same workload) and takes the medians over all of them:
+tokens/s per workload and label, and the host time per step (`engine.profiling.host_time`) of
+the columns that have a model runner; and runs one-off checks on the first start.
 
 `serve` is the worker's side (`python -m sgl_jax_rollout_apps.bench.turns WORKER MODEL_DIR
 SETTINGS_JSON WORKLOADS_JSON PLAIN`): one JSON command per line on stdin, one JSON answer per
@@ -20,6 +21,7 @@ benchmark shows the end of if the worker fails.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import json
 import os
 import signal
@@ -36,7 +38,70 @@ from tqdm import tqdm
 ANSWER = "@turns "
 
 
+@dataclasses.dataclass
+class Measured:
+    rates: dict[str, dict[str, float]]  # workload -> label -> tokens/s
+    host: dict[str, dict[str, dict[str, float]]]  # workload -> label -> figures per step
+    checks: dict[str, Any]  # worker -> check name -> value
+
+
+def measure(
+    workers: list[str],
+    model_dir: Path,
+    settings: dict,
+    workloads: dict,
+    runs: int,
+    starts: int,
+    plain: bool = False,
+    checks: dict[str, list[str]] | None = None,
+) -> Measured:
+    """`runs` timed calls of every column, spread over `starts` starts of every worker (a
+    column's speed differs from one engine start to the next by more than the differences
+    measured here), in rotated turns; tokens/s and host figures are medians over all of them.
+    `checks` (worker -> check names) run once, on the first start."""
+    seconds: dict[str, dict[str, list]] = {name: {} for name in workloads}
+    host: dict[str, dict[str, list]] = {name: {} for name in workloads}
+    done_checks: dict[str, Any] = {}
+    first_round = 0
+    for start in range(starts):
+        rounds = runs // starts + (start < runs % starts)
+        print(f"bench: engine start {start + 1} of {starts}, {rounds} run(s)", file=sys.stderr)
+        turns = Turns(workers, model_dir, settings, workloads, plain)
+        try:
+            _extend(seconds, turns.rounds("time", rounds, first_round))
+            _extend(host, turns.rounds("host", rounds, first_round))
+            if start == 0:
+                for worker, names in (checks or {}).items():
+                    done_checks[worker] = {name: turns.check(worker, name) for name in names}
+        finally:
+            turns.close()
+        first_round += rounds
+    rates = {
+        name: {
+            label: count * new_tokens / statistics.median(values)
+            for label, values in seconds[name].items()
+        }
+        for name, (count, _, new_tokens) in workloads.items()
+    }
+    host_medians = {
+        name: {
+            label: {key: statistics.median(s[key] for s in values) for key in values[0]}
+            for label, values in by_label.items()
+        }
+        for name, by_label in host.items()
+    }
+    return Measured(rates, host_medians, done_checks)
+
+
+def _extend(into: dict[str, dict[str, list]], more: dict[str, dict[str, list]]) -> None:
+    for name, by_label in more.items():
+        for label, values in by_label.items():
+            into[name].setdefault(label, []).extend(values)
+
+
 class Turns:
+    """One start of every worker: `rounds("time" | "host", ...)` times them in turns."""
+
     def __init__(
         self, workers: list[str], model_dir: Path, settings: dict, workloads: dict, plain: bool
     ):
@@ -53,28 +118,29 @@ class Turns:
             self.close()
             raise
 
-    def rates(self, runs: int) -> dict[str, dict[str, float]]:
-        """Workload -> label -> tokens/s, the median of `runs` rounds."""
-        seconds = self._rounds("time", runs, lambda worker: worker.labels, "tokens/s")
-        return {
-            name: {
-                label: count * new_tokens / statistics.median(values)
-                for label, values in seconds[name].items()
-            }
-            for name, (count, _, new_tokens) in self.workloads.items()
-        }
-
-    def host(self, runs: int) -> dict[str, dict[str, dict[str, float]]]:
-        """Workload -> label -> host, sampler and model ms per step (medians of `runs` rounds)
-        and steps, for each column with a model runner."""
-        samples = self._rounds("host", runs, lambda worker: worker.host_labels, "host time")
-        return {
-            name: {
-                label: {key: statistics.median(s[key] for s in values) for key in values[0]}
-                for label, values in by_label.items()
-            }
-            for name, by_label in samples.items()
-        }
+    def rounds(self, op: str, rounds: int, first_round: int = 0) -> dict[str, dict[str, list]]:
+        """Workload -> label -> one answer per round: call seconds (`time`) or a host time
+        sample (`host`, columns with a model runner only). In each round every column is
+        asked once per workload, starting one column further than the round before."""
+        pairs = [
+            (worker, label)
+            for worker in self._workers.values()
+            for label in (worker.labels if op == "time" else worker.host_labels)
+        ]
+        out: dict[str, dict[str, list]] = {name: {} for name in self.workloads}
+        if not pairs:
+            return out
+        what = "tokens/s" if op == "time" else "host time"
+        bar = tqdm(total=rounds * len(pairs) * len(self.workloads), desc=what, file=sys.stderr)
+        with bar:
+            for round_ in range(first_round, first_round + rounds):
+                for name in self.workloads:
+                    shift = round_ % len(pairs)
+                    for worker, label in pairs[shift:] + pairs[:shift]:
+                        answer = worker.ask({"op": op, "label": label, "workload": name})
+                        out[name].setdefault(label, []).append(answer)
+                        bar.update()
+        return out
 
     def check(self, worker: str, name: str) -> Any:
         return self._workers[worker].ask({"op": "check", "name": name})
@@ -83,22 +149,6 @@ class Turns:
         for worker in self._workers.values():
             worker.close()
         self._workers = {}
-
-    def _rounds(self, op: str, runs: int, labels_of, what: str) -> dict[str, dict[str, list]]:
-        pairs = [(w, label) for w in self._workers.values() for label in labels_of(w)]
-        out: dict[str, dict[str, list]] = {name: {} for name in self.workloads}
-        if not pairs:
-            return out
-        bar = tqdm(total=runs * len(pairs) * len(self.workloads), desc=what, file=sys.stderr)
-        with bar:
-            for round_ in range(runs):
-                for name in self.workloads:
-                    shift = round_ % len(pairs)
-                    for worker, label in pairs[shift:] + pairs[:shift]:
-                        answer = worker.ask({"op": op, "label": label, "workload": name})
-                        out[name].setdefault(label, []).append(answer)
-                        bar.update()
-        return out
 
 
 class _Worker:

@@ -53,3 +53,15 @@ def test_columns_not_measured_are_absent_and_their_host_time_empty():
     }
     assert table["host_ms_per_decode_step"]["w"] == {"ours": None, "sgl_jax_stock": None}
     assert table["ratios"]["w"] == {"full_vs_sgl_jax_stock": pytest.approx(0.9)}
+
+
+@pytest.mark.parametrize(
+    "argv", [["--starts", "0"], ["--starts", "6"], ["--runs", "7", "--starts", "8"]]
+)
+def test_engine_starts_outside_one_to_runs_exit_2_naming_the_flag(argv, capsys):
+    from sgl_jax_rollout_apps.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["bench", "rollout", *argv])
+    assert exited.value.code == 2
+    assert "--starts must be in [1, --runs" in capsys.readouterr().err
