@@ -82,6 +82,14 @@ instead of raising.
   (`scheduler.py:2169-2172`): a call sent right after another one, before the scheduler's
   next turn, had its first prefill cut by the previous call's size (12 of 16 after a call of
   4), one model step more.
+- `no_step_after_the_last`: wraps `Scheduler.update_running_batch`: with overlap scheduling,
+  a request whose token in flight (the step launched last, not processed yet: the
+  scheduler's `result_queue`) is its last by length (`max_new_tokens`) leaves the running
+  batch before the next decode step is built. Upstream builds that step before it knows
+  (`event_loop_overlap`, `scheduler.py:1141-1180`), runs the request one more step and
+  discards the token (`scheduler_output_processor_mixin.py:475`): one model step more per
+  call whose requests end by length, as RL rollouts' truncated ones do (65 steps instead of
+  64 at 64 new tokens). Requests that may still end by a stop token or string keep it.
 - `idle_wait_and_stop`: wraps `Scheduler.on_idle`: a fully idle scheduler runs the engine's
   `IdleWork` (weight swap, cache flush), then waits on its sockets and on the work pipe
   (upstream spins a core at 100%), and exits its thread when the engine is shut down.
@@ -307,6 +315,7 @@ def apply(server_args: Iterable[str] = ()) -> None:
         _wrap(get("Scheduler"), "on_idle", _idle_wait_and_stop)
         _wrap(get("Scheduler"), "recv_requests", _whole_calls)
         _wrap(get("Scheduler"), "get_new_batch_prefill", _finished_leave_first)
+        _wrap(get("Scheduler"), "update_running_batch", _no_step_after_the_last)
         _wrap(get("NativeAttention"), "__call__", per_rank_native_attention)
         _wrap(get("Llama3RotaryEmbedding"), "__init__", _llama3_scaled_frequencies)
         _wrap(get("DetokenizerManager"), "handle_batch_token_id_out", _detokenize)
@@ -878,6 +887,41 @@ def _finished_leave_first(original, self, *args, **kwargs):
             if len(info.reqs or ()) < size:
                 info.batch_is_full = False
     return original(self, *args, **kwargs)
+
+
+def _no_step_after_the_last(original, self, batch, *args, **kwargs):
+    """no_step_after_the_last: with overlap, requests whose token in flight is their last by
+    length leave `batch` (the running batch) before upstream filters and builds the next
+    decode step from it; they finish when that token is processed, as without overlap."""
+    queued = getattr(self, "result_queue", None)  # set by upstream's overlap loop only
+    if getattr(self, "_sgl_jax_rollout_hooks", None) is not None and queued:
+        in_flight = {
+            id(req)
+            for launched, _ in queued
+            for info in launched.reqs_info
+            for req in info.reqs or ()
+        }
+        reqs = [info.reqs or [] for info in batch.reqs_info]
+        keep = {
+            rank: [
+                i
+                for i, req in enumerate(ranked)
+                if id(req) not in in_flight or not _last_by_length(req)
+            ]
+            for rank, ranked in enumerate(reqs)
+        }
+        if any(len(keep[rank]) < len(ranked) for rank, ranked in enumerate(reqs)):
+            batch.filter_batch(keep_indices=keep)
+            for info, ranked in zip(batch.reqs_info, reqs, strict=True):
+                if len(info.reqs or ()) < len(ranked):
+                    info.batch_is_full = False
+    return original(self, batch, *args, **kwargs)
+
+
+def _last_by_length(req) -> bool:
+    """The request's next token, once processed, finishes it by length (upstream's
+    `Req.check_finished`, `schedule_batch.py:582`)."""
+    return not req.finished() and len(req.output_ids) + 1 >= req.sampling_params.max_new_tokens
 
 
 def _rids(messages: Iterable[Any]) -> list[str]:

@@ -81,6 +81,7 @@ FUNCTIONS: dict[str, tuple[str, ...]] = {
     "Scheduler.on_idle": ("self",),
     "Scheduler.recv_requests": ("self",),
     "Scheduler.get_new_batch_prefill": ("self",),
+    "Scheduler.update_running_batch": ("self", "batch"),
     "Scheduler.__init__": ("self", "server_args", "port_args"),
     "Scheduler.run_batch": ("self", "batch"),
     "Scheduler.watchdog_thread": ("self",),
@@ -107,7 +108,7 @@ FUNCTIONS: dict[str, tuple[str, ...]] = {
     "Scheduler.abort_request": ("self", "recv_req"),
     "Scheduler.flush_cache": ("self",),
     "Scheduler.is_fully_idle": ("self",),
-    "ScheduleBatch.filter_batch": ("self",),
+    "ScheduleBatch.filter_batch": ("self", "keep_indices"),
     "Engine.abort_request": ("self", "rid", "abort_all"),
     "TokenizerManager.generate_request": ("self", "obj", "request"),
     "TokenizerManager.abort_request": ("self", "rid", "abort_all"),
@@ -133,6 +134,7 @@ ATTRIBUTES: dict[str, tuple[str, ...]] = {
     "Scheduler": (
         *("tp_worker", "enable_overlap", "server_args", "forward_ct", "cur_batch"),
         *("recv_from_tokenizer", "recv_from_rpc", "running_batch", "waiting_queue"),
+        "result_queue",
     ),
     "ModelWorker": ("worker", "model_runner"),
     "ModelWorkerClient": ("worker", "input_queue", "forward_thread", "async_gather_fn"),
@@ -151,7 +153,9 @@ ATTRIBUTES: dict[str, tuple[str, ...]] = {
     "ScheduleReqsInfo": ("reqs", "batch_is_full"),
     "ModelWorkerBatch": ("sampling_info", "return_logprob", "return_output_logprob_only"),
     "SamplingBatchInfo": ("temperatures",),
-    "SamplingParams": ("temperature", "top_k", "top_p", "min_p", "sampling_seed"),
+    "SamplingParams": (
+        *("temperature", "top_k", "top_p", "min_p", "sampling_seed", "max_new_tokens"),
+    ),
     "ForwardBatch": (
         *("forward_mode", "seq_lens", "extend_prefix_lens", "extend_seq_lens"),
         *("out_cache_loc", "cache_loc"),

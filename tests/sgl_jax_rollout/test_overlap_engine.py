@@ -4,8 +4,9 @@ tokens of an engine with overlap off (in a subprocess,
 tests/sgl_jax_rollout/engine/overlap_worker.py); a wrong step count or penalty table under
 overlap changes tokens. Both engines batch the same five prompts (n = 2 for two of the cases:
 ten requests per batch). Where no request finishes before the others, both run the same
-batches and the logprobs and entropy are bitwise equal. Where one does, upstream's overlap
-runs it one step more (its extra step), so one step's batch has a row more than without
+batches and the logprobs and entropy are bitwise equal. Where one ends by a stop token,
+upstream's overlap runs it one step more (its extra step: the token was not known when that
+step was built), so one step's batch has a row more than without
 overlap, and the model's forward on CPU differs in the last float32 bits for the other rows
 from there on (measured over runs: up to 2.9e-6 on logprobs, 3.3e-6 on entropy): those cases
 are held to 5e-6. The sampler adds nothing to that.
@@ -18,7 +19,8 @@ on where numpy put the buffer).
 
 With overlap the forward thread can queue step t + 1 while step t computes only if it never
 waits for step t's outputs: they must reach the scheduler as device arrays (their host copies in
-flight), with no logprobs left for upstream to copy on that thread.
+flight), with no logprobs left for upstream to copy on that thread. And requests whose token in
+flight is their last by length get no step after it (`patches.no_step_after_the_last`).
 
 It runs on the session rollout of tests/conftest.py, which orders it after the tests that start
 their own engines and before the test that shuts the session engine down.
@@ -105,3 +107,17 @@ def test_the_forward_thread_never_waits_for_a_steps_outputs(rollout, monkeypatch
     for tokens, logprobs, entropy in zip(out.tokens, out.logprobs, out.entropy, strict=True):
         assert len(tokens) == len(logprobs) == len(entropy) == 8
         assert np.all(np.asarray(logprobs) < 0) and np.all(np.asarray(entropy) > 0)
+
+
+def test_a_call_whose_requests_end_by_length_runs_no_step_after_their_last(rollout):
+    from sgl_jax_rollout.tunix_compat import RolloutConfig
+
+    scheduler = rollout.engine._hooks.scheduler
+    assert scheduler.enable_overlap
+    config = RolloutConfig(max_tokens_to_generate=8, seed=2, return_logprobs=True)
+    before = scheduler.forward_ct
+    out = rollout.generate(PROMPTS, config, temperature=1.0, ignore_eos=True)
+    # one prefill, then seven decode steps; upstream's overlap ran an eighth whose tokens it
+    # dropped, because it builds step t + 1 before it has processed step t's
+    assert scheduler.forward_ct - before == 8
+    assert [len(t) for t in out.tokens] == [8] * len(PROMPTS)

@@ -1,9 +1,10 @@
-"""Three host-work patches around upstream calls, driven with test doubles of the upstream side
-(a stub `original` that records what upstream would receive, a stub detokenizer holding only
-`decode_status`, a stub running batch whose `filter_batch` drops finished requests as
-upstream's does): the code under test is our wrapper; the live engine runs all three in every
-engine test (tokens, logprobs and entropy there are checked against the trainer;
-`test_rollout.py::test_a_call_is_prefilled_as_one_batch` checks the admission one)."""
+"""Host-work patches around upstream calls, driven with test doubles of the upstream side (a
+stub `original` that records what upstream would receive, a stub detokenizer holding only
+`decode_status`, a stub running batch whose `filter_batch` drops finished requests, or keeps
+the indices given, as upstream's does): the code under test is our wrapper; the live engine
+runs all of them in every engine test (tokens, logprobs and entropy there are checked against
+the trainer; `test_rollout.py::test_a_call_is_prefilled_as_one_batch` checks the admission
+one, `test_overlap_engine.py` the steps of a call with overlap on)."""
 
 from __future__ import annotations
 
@@ -118,3 +119,57 @@ def test_finished_requests_leave_the_running_batch_before_admission(hooks, waiti
         assert ranks[0].reqs == [running]
     else:  # nothing to admit: upstream's own order, untouched
         assert seen == {"sizes": [2, 1], "full": [True, True]}
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_requests_whose_token_in_flight_is_their_last_by_length_get_no_step_after_it(
+    hooks, overlap
+):
+    from sgl_jax_rollout.engine import patches, upstream
+
+    def req(outputs, max_new_tokens, finished=False):
+        return types.SimpleNamespace(
+            output_ids=[0] * outputs,
+            sampling_params=types.SimpleNamespace(max_new_tokens=max_new_tokens),
+            finished=lambda: finished,
+        )
+
+    last = req(3, 4)  # in flight: its 4th token of 4
+    early = req(1, 4)  # in flight: 2nd of 4
+    waited = req(3, 4)  # not in the step in flight (its 3rd token was processed): 4th to come
+    last_other_rank = req(0, 1)  # in flight: a prefill's first and only token
+    ranks = [
+        upstream.get("ScheduleReqsInfo")(reqs=[last, early, waited], batch_is_full=True),
+        upstream.get("ScheduleReqsInfo")(reqs=[last_other_rank], batch_is_full=True),
+    ]
+    kept = {}
+
+    def filter_batch(keep_indices):  # as upstream's with keep_indices: per rank
+        kept.update(keep_indices)
+        for rank, info in enumerate(ranks):
+            info.reqs = [info.reqs[i] for i in keep_indices[rank]]
+
+    batch = types.SimpleNamespace(reqs_info=ranks, filter_batch=filter_batch)
+    launched = types.SimpleNamespace(
+        reqs_info=[
+            types.SimpleNamespace(reqs=[last, early]),
+            types.SimpleNamespace(reqs=[last_other_rank]),
+        ]
+    )
+    scheduler = types.SimpleNamespace(_sgl_jax_rollout_hooks=hooks)
+    if overlap:  # upstream's overlap loop: the step launched last, not processed yet
+        scheduler.result_queue = [(launched, "result")]
+    seen = {}
+
+    def original(self, batch):
+        seen["reqs"] = [list(info.reqs) for info in batch.reqs_info]
+        seen["full"] = [info.batch_is_full for info in batch.reqs_info]
+        return "running"
+
+    assert patches._no_step_after_the_last(original, scheduler, batch) == "running"
+    if overlap:
+        assert kept == {0: [1, 2], 1: []}
+        assert seen == {"reqs": [[early, waited], []], "full": [False, False]}
+    else:  # without overlap every token is processed before the next step: untouched
+        assert kept == {}
+        assert seen == {"reqs": [[last, early, waited], [last_other_rank]], "full": [True, True]}
