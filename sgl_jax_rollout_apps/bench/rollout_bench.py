@@ -101,14 +101,15 @@ REAL_SIZE_SETTINGS = dict(
     precompile_token_paddings=(512,),
 )
 
-TINY_WORKERS = ["ours", "ours_no_overlap", "sgl_jax_stock", "sgl_jax_stock_no_overlap"]
-TINY_WORKERS += ["tunix_sglang_jax"]
 REAL_SIZE_WORKERS = ["ours", "ours_no_overlap", "sgl_jax_stock", "sgl_jax_stock_no_overlap"]
+TINY_WORKERS = [*REAL_SIZE_WORKERS, "tunix_sglang_jax"]
 # Host time is measured with overlap scheduling off (with it on, host work hides behind the
 # device's and wall minus device time no longer measures it): label measured -> name shown.
 HOST_COLUMNS = {"ours_no_overlap": "ours", "sgl_jax_stock_no_overlap": "sgl_jax_stock"}
-LABELS = ["ours_full", "ours_plain", "ours_overlap", "ours_no_overlap", "sgl_jax_stock"]
-LABELS += ["sgl_jax_stock_no_overlap", "tunix_sglang_jax", "vanilla"]
+LABELS = [
+    *("ours_full", "ours_plain", "ours_overlap", "ours_no_overlap", "sgl_jax_stock"),
+    *("sgl_jax_stock_no_overlap", "tunix_sglang_jax", "vanilla"),
+]
 
 
 def _median_rate(call, tokens: int, runs: int, label: str) -> float:
