@@ -58,7 +58,7 @@ import numpy as np
 from tqdm import tqdm
 
 from sgl_jax_rollout.utils.compiles import count_compiles
-from sgl_jax_rollout_apps.bench.columns import rollout_config
+from sgl_jax_rollout_apps.bench.columns import WORKERS, rollout_config
 from sgl_jax_rollout_apps.bench.turns import measure
 from sgl_jax_rollout_apps.bench.workloads import WORKLOADS, prompts
 
@@ -101,8 +101,8 @@ REAL_SIZE_SETTINGS = dict(
     precompile_token_paddings=(512,),
 )
 
-REAL_SIZE_WORKERS = ["ours", "ours_no_overlap", "sgl_jax_stock", "sgl_jax_stock_no_overlap"]
-TINY_WORKERS = [*REAL_SIZE_WORKERS, "tunix_sglang_jax"]
+TINY_WORKERS = list(WORKERS)
+REAL_SIZE_WORKERS = [w for w in WORKERS if w != "tunix_sglang_jax"]
 # Host time is measured with overlap scheduling off (with it on, host work hides behind the
 # device's and wall minus device time no longer measures it): label measured -> name shown.
 HOST_COLUMNS = {"ours_no_overlap": "ours", "sgl_jax_stock_no_overlap": "sgl_jax_stock"}
