@@ -910,11 +910,11 @@ def _no_step_after_the_last(original, self, batch, *args, **kwargs):
             ]
             for rank, ranked in enumerate(reqs)
         }
-        if any(len(keep[rank]) < len(ranked) for rank, ranked in enumerate(reqs)):
+        shrunk = [rank for rank, ranked in enumerate(reqs) if len(keep[rank]) < len(ranked)]
+        if shrunk:
             batch.filter_batch(keep_indices=keep)
-            for info, ranked in zip(batch.reqs_info, reqs, strict=True):
-                if len(info.reqs or ()) < len(ranked):
-                    info.batch_is_full = False
+            for rank in shrunk:
+                batch.reqs_info[rank].batch_is_full = False
     return original(self, batch, *args, **kwargs)
 
 
