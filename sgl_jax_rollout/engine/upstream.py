@@ -59,6 +59,7 @@ SYMBOLS: dict[str, tuple[str, str]] = {
     "MHATokenToKVPool": ("mem_cache.memory_pool", "MHATokenToKVPool"),
     "ReqToTokenPool": ("mem_cache.memory_pool", "ReqToTokenPool"),
     "Llama3RotaryEmbedding": ("layers.embeddings", "Llama3RotaryEmbedding"),
+    "RoutedExpertsCapturerNoop": ("layers.routed_experts_capturer", "_RoutedExpertsCapturerNoop"),
     "GenerateReqInput": ("managers.io_struct", "GenerateReqInput"),
     "AbortReq": ("managers.io_struct", "AbortReq"),
     "BatchTokenIDOut": ("managers.io_struct", "BatchTokenIDOut"),
@@ -66,6 +67,10 @@ SYMBOLS: dict[str, tuple[str, str]] = {
     "TOP_K_ALL": ("sampling.sampling_params", "TOP_K_ALL"),
     "forward_attention": ("layers.attention.native_backend", "forward_attention"),
     "merge_kv": ("mem_cache.memory_pool", "merge_kv"),
+    "get_global_experts_capturer": (
+        "layers.routed_experts_capturer",
+        "get_global_experts_capturer",
+    ),
 }
 
 # Functions we wrap or call, and the parameters we pass or rely on ("Class.method" or a symbol).
@@ -86,6 +91,7 @@ FUNCTIONS: dict[str, tuple[str, ...]] = {
     "Scheduler.run_batch": ("self", "batch"),
     "Scheduler.watchdog_thread": ("self",),
     "DetokenizerManager.handle_batch_token_id_out": ("self", "recv_obj"),
+    "ModelWorker.__init__": ("self",),
     "ModelWorker.run_precompile": ("self",),
     "ModelWorker._materialize_logprobs_to_host": (
         *("self", "logits_output", "model_worker_batch", "selector"),
@@ -122,6 +128,7 @@ FUNCTIONS: dict[str, tuple[str, ...]] = {
         *("kv_sharding", "mesh", "xai_temperature_len", "sliding_window_size", "softmax_dtype"),
     ),
     "merge_kv": ("k", "v"),
+    "get_global_experts_capturer": (),
     "AbortReq": ("rid",),
     "FINISH_ABORT": ("message",),
 }
@@ -136,7 +143,7 @@ ATTRIBUTES: dict[str, tuple[str, ...]] = {
         *("recv_from_tokenizer", "recv_from_rpc", "running_batch", "waiting_queue"),
         "result_queue",
     ),
-    "ModelWorker": ("worker", "model_runner"),
+    "ModelWorker": ("worker", "model_runner", "sync_queue"),
     "ModelWorkerClient": ("worker", "input_queue", "forward_thread", "async_gather_fn"),
     "ModelRunner": (
         *("model", "model_state_leaves", "model_config", "mesh", "req_to_token_pool"),

@@ -1,10 +1,11 @@
 """Host-work patches around upstream calls, driven with test doubles of the upstream side (a
 stub `original` that records what upstream would receive, a stub detokenizer holding only
 `decode_status`, a stub running batch whose `filter_batch` drops finished requests, or keeps
-the indices given, as upstream's does): the code under test is our wrapper; the live engine
-runs all of them in every engine test (tokens, logprobs and entropy there are checked against
-the trainer; `test_rollout.py::test_a_call_is_prefilled_as_one_batch` checks the admission
-one, `test_overlap_engine.py` the steps of a call with overlap on)."""
+the indices given, as upstream's does, a stub worker holding only the queue upstream's
+`ModelWorker.__init__` makes, and a stub capturer): the code under test is our wrapper; the
+live engine runs all of them in every engine test (tokens, logprobs and entropy there are
+checked against the trainer; `test_rollout.py::test_a_call_is_prefilled_as_one_batch` checks
+the admission one, `test_overlap_engine.py` the steps of a call with overlap on)."""
 
 from __future__ import annotations
 
@@ -173,3 +174,28 @@ def test_requests_whose_token_in_flight_is_their_last_by_length_get_no_step_afte
     else:  # without overlap every token is processed before the next step: untouched
         assert kept == {}
         assert seen == {"reqs": [[last, early, waited], [last_other_rank]], "full": [True, True]}
+
+
+def test_expert_ids_reach_the_sync_thread_only_while_a_capturer_records_them(monkeypatch):
+    import queue
+
+    from sgl_jax_rollout.engine import patches, upstream
+
+    capturers = upstream.module("layers.routed_experts_capturer")
+    worker = types.SimpleNamespace()
+
+    def original(self):  # upstream's __init__, as far as the queue goes
+        self.sync_queue = queue.Queue()
+
+    patches._expert_ids_sync_when_captured(original, worker)
+    step = (["topk ids"], "model worker batch")
+
+    monkeypatch.setattr(
+        capturers, "_global_expert_capturer", upstream.get("RoutedExpertsCapturerNoop")()
+    )
+    worker.sync_queue.put(step)
+    assert worker.sync_queue.qsize() == 0  # nothing records them: the sync thread stays asleep
+
+    monkeypatch.setattr(capturers, "_global_expert_capturer", types.SimpleNamespace())  # records
+    worker.sync_queue.put(step)
+    assert worker.sync_queue.get_nowait() == step
