@@ -7,6 +7,8 @@ and the rollout's default options:
   checked against the vocabulary, and its length limits, checked against the context;
 - `prompt_ids`: a prompt's ids with one BOS (where the tokenizer has one), cut from the left to
   `max_prompt_length` with a warning;
+- `refuse_pad`: a prompt that holds the pad id is refused by name (tunix would read the token
+  as padding and score another sequence);
 - `seeds`: one seed per sample (`rollout_inputs.sample_seeds`: an int gives every row its own
   stream, a list one seed per prompt, None fresh seeds from the rollout's generator; with one
   process per host, this process's rows are its share of the global batch's rows);
@@ -47,7 +49,7 @@ class RequestPolicy:
     ) -> None:
         self.defaults = defaults
         self._engine = engine  # a RolloutEngine
-        self._tokenizer = tokenizer  # tunix's TokenizerAdapter
+        self._tokenizer = tokenizer  # a PadSafeTokenizer (tunix's TokenizerAdapter)
         self._model_eos = list(model_eos)
         self._vocab_size = engine.vocab_size
         self._context = engine.settings.context_length
@@ -99,6 +101,16 @@ class RequestPolicy:
                 max_length,
             )
         return ids
+
+    def refuse_pad(self, rows: list[list[int]]) -> None:
+        pad = self._tokenizer.pad_id()
+        for i, ids in enumerate(rows):
+            if pad in ids:
+                raise ValueError(
+                    f"prompt {i} holds token id {pad}, the pad id the rollout hands tunix "
+                    f"({self._tokenizer.pad_choice.why}); tunix's trainer would read it as "
+                    "padding. Remove that token from the prompt or pass pad_id= to the rollout"
+                )
 
     def seeds(self, seed: Any, num_prompts: int, n: int) -> list[int]:
         """One seed per sample; with several JAX processes, this process's share of the global
@@ -152,6 +164,7 @@ class RequestPolicy:
         truncated, with logprobs and entropy."""
         options, max_new, _ = self.call(rollout_config, {**overrides, "n": n})
         self.check_session_prompt(len(prompt_ids), max_new)
+        self.refuse_pad([list(prompt_ids)])
         seeds = self.seeds(rollout_config.seed, 1, n)
         options = options.replace(return_logprobs=True, return_entropy=True)
         completions, _ = self.sample([prompt_ids] * n, seeds, options, rollout_config)

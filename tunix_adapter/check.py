@@ -10,7 +10,12 @@ the engine on the same weights, then checks, on prompts long enough that positio
 3. weight sync: after `update_params` with perturbed trainer weights (or perturbed LoRA
    adapters, as tunix syncs them), fidelity at temperature 1 again;
 4. alignment: one logprob and one entropy per token, a stop (EOS) token only at the end,
-   no pad id inside a completion, and pad id != EOS id.
+   no pad id inside a completion, and pad id != EOS id;
+5. the pad id inside prompts: none of the tested prompts holds the pad id the rollout hands
+   tunix (tunix would mask it as padding). Where the tokenizer has a chat template, the
+   prompts are chat conversations (a system turn, an exchange, then the long user turn), so
+   every turn-closing token is in them; where a prompt holds the pad, the row fails naming
+   the id and no other check runs.
 
 Each check gives one row with the measured value, its limit and a verdict; any failed row makes
 the command exit non-zero. The float32 tolerance is 1e-4; a bfloat16 engine gets 0.1 (its
@@ -85,6 +90,10 @@ def verdicts(config: CheckConfig, rollout, trainer, lora: dict | None = None) ->
     limit = f"<= {tolerance:g}"
     prompts = _long_prompts(rollout.engine.tokenizer, config.prompts, config.prompt_tokens)
     pad = rollout.pad_id()
+    ids = rollout.prompt_token_ids(prompts, _rollout_config(config, 1.0).max_prompt_length)
+    pad_row = pad_in_prompts(ids, pad, rollout.engine.tokenizer.convert_ids_to_tokens(pad))
+    if not pad_row.ok:
+        return [pad_row]
     outputs = []
 
     def fidelity(temperature: float) -> float:
@@ -147,8 +156,16 @@ def verdicts(config: CheckConfig, rollout, trainer, lora: dict | None = None) ->
         ),
         Verdict("completions with EOS / pad before the end", early_stops, "== 0", not early_stops),
         Verdict("pad id == EOS id (trainer would mask EOS)", float(pad == eos), "== 0", pad != eos),
+        pad_row,
     ]
     return rows
+
+
+def pad_in_prompts(prompt_ids: list[list[int]], pad: int, token: str | None) -> Verdict:
+    """The row for the pad id inside the tested prompts: how many hold it (tunix would read
+    those tokens as padding), named by id."""
+    holding = sum(pad in ids for ids in prompt_ids)
+    return Verdict(f"prompts holding the pad id {pad} ({token})", holding, "== 0", not holding)
 
 
 def perturbed(state: Any, scale: float, seed: int) -> Any:
@@ -266,11 +283,33 @@ def _engine_dtype(rollout) -> str:
 
 
 def _long_prompts(tokenizer, count: int, tokens: int) -> list[str]:
-    """`count` different prompts of about `tokens` tokens each (cut to `tokens + 16`)."""
+    """`count` different prompts of about `tokens` tokens each (cut to `tokens + 16`): chat
+    conversations where the tokenizer has a chat template (`CHAT_OPENING`, then the text as
+    the last user turn), plain text otherwise."""
+    opening = _chat(tokenizer, "")
+    overhead = len(tokenizer.encode(opening, add_special_tokens=False)) if opening else 0
+    length = max(1, tokens - overhead)
     per_sentence = len(tokenizer.encode(SENTENCE, add_special_tokens=False))
-    repeats = (tokens + count) // per_sentence + 2
+    repeats = (length + count) // per_sentence + 2
     ids = tokenizer.encode(SENTENCE * repeats, add_special_tokens=False)
-    return [tokenizer.decode(ids[i : i + tokens]) for i in range(count)]
+    texts = [tokenizer.decode(ids[i : i + length]) for i in range(count)]
+    return [_chat(tokenizer, text) or text for text in texts]
+
+
+CHAT_OPENING = [
+    {"role": "system", "content": "You check numbers."},
+    {"role": "user", "content": "Say yes."},
+    {"role": "assistant", "content": "yes"},
+]
+
+
+def _chat(tokenizer, text: str) -> str | None:
+    """`text` as the last user turn of `CHAT_OPENING` in the tokenizer's chat template (None
+    without a template)."""
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    messages = [*CHAT_OPENING, {"role": "user", "content": text}]
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
 def _model_dir(config: CheckConfig) -> Path:

@@ -180,8 +180,6 @@ def build_cluster(
     """
     if rollout not in ROLLOUTS:
         raise ValueError(f"rollout must be one of {ROLLOUTS}, got {rollout!r}")
-    from transformers import AutoTokenizer
-
     from sgl_jax_rollout.tiny_model import default_model_dir
 
     model_path = Path(model_path) if model_path else default_model_dir()
@@ -234,6 +232,19 @@ def build_cluster(
         actor=actor,
         critic=critic,
         reference=load_tunix_model(model_path, mesh) if with_reference else None,
-        tokenizer=AutoTokenizer.from_pretrained(model_path),
+        tokenizer=_pad_safe_tokenizer(model_path, actor),
         cluster_config=config,
     )
+
+
+def _pad_safe_tokenizer(model_path: Path, actor: Any) -> Any:
+    """The model's tokenizer with the pad id both rollouts and tunix's learners use
+    (`sgl_jax_rollout.pad_id`): never EOS, never an id a prompt holds."""
+    from transformers import AutoTokenizer
+
+    from sgl_jax_rollout.pad_id import pad_safe
+    from sgl_jax_rollout.rollout_inputs import eos_ids
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    stops = eos_ids(model_path, tokenizer.eos_token_id)
+    return pad_safe(tokenizer, actor.config.vocab_size, stops)

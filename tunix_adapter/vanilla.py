@@ -6,7 +6,8 @@ Owns `VanillaRolloutWithEntropy`: the cluster builds it like any rollout class
 (tunix's `compute_per_token_logps` and its logits, `tunix_compat.per_token_logps_and_logits`):
 `logprobs` are the tempered logprobs that the vanilla sampler drew from (no top-k / top-p
 there), `entropy` is the raw-distribution entropy computed by our sampler module
-(`sampling.distribution.entropy_of_logits`).
+(`sampling.distribution.entropy_of_logits`). Its tokenizer gets the rollout's safe pad id
+(`sgl_jax_rollout.pad_id`), which tunix's sampler masks prompts by.
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from sgl_jax_rollout.pad_id import pad_safe
 from sgl_jax_rollout.rollout import RolloutOutputWithEntropy
 from sgl_jax_rollout.rollout_inputs import right_pad_ids
 from sgl_jax_rollout.sampling.distribution import entropy_of_logits
 from sgl_jax_rollout.tunix_compat import (
     CacheConfig,
     RolloutConfig,
+    TokenizerAdapter,
     VanillaRollout,
     per_token_logps_and_logits,
 )
@@ -34,7 +37,9 @@ class VanillaRolloutWithEntropy(VanillaRollout):
         config = rollout_actor.config
         super().__init__(
             rollout_actor,
-            tokenizer,
+            # tunix's sampler masks prompts by the tokenizer's pad: the same safe one as ours
+            # (build_cluster's tokenizer already has it).
+            pad_safe(tokenizer, config.vocab_size, [TokenizerAdapter(tokenizer).eos_id()]),
             CacheConfig(
                 cache_size=rollout_config.kv_cache_size,
                 num_layers=config.num_layers,

@@ -123,6 +123,16 @@ instead of raising.
   subclass only overrides `_compute_inv_freq`, which nothing on that path calls: every Llama
   3.1 / 3.2 checkpoint (rope_scaling "llama3") is served with unscaled RoPE, another function
   than the checkpoint's (0.2 nats at positions past 1,024 on a tiny replica).
+- `attention_head_dim_unpadded`: wraps `layers.attention.native_backend.forward_attention`
+  (the attention sgl-jax runs on CPU; `NativeAttention.__call__` and our dp path both call it
+  through the module) so its output has the model's head_dim. An upstream bug fix: the KV pool
+  pads head_dim to a multiple of 128 (`model_runner.py:1102`, `memory_pool.py:70`),
+  `forward_attention` pads q to match (`native_backend.py:234-239`) and returns
+  `num_heads * padded` columns (`native_backend.py:326-327`), so every model with a head_dim
+  that is not a multiple of 128 (Llama 3.2, SmolLM2: 64) fails at its first `o_proj`. The pad
+  of V is zeros, so the first head_dim columns of each head are the attention output. Needed
+  until upstream slices it off: `test_attention_head_dim_unpadded_matches_unpadded_attention`
+  passes without the patch then.
 - `precompile_sampler_modes`: wraps `ModelWorker.run_precompile` (and `ModelRunner.sample`,
   in `sample_with_slot_state`): while upstream precompiles (every extend and decode batch
   bucket), each sampler step is run again with neutral rows under every extra
@@ -181,6 +191,7 @@ import numpy as np
 import zmq
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+from jaxtyping import Array, Float
 
 from sgl_jax_rollout.engine import upstream
 from sgl_jax_rollout.engine.arrivals import Arrivals
@@ -326,6 +337,9 @@ def apply(server_args: Iterable[str] = ()) -> None:
         _wrap(get("Scheduler"), "get_new_batch_prefill", _finished_leave_first)
         _wrap(get("Scheduler"), "update_running_batch", _no_step_after_the_last)
         _wrap(get("NativeAttention"), "__call__", per_rank_native_attention)
+        _wrap(
+            upstream.module("layers.attention.native_backend"), "forward_attention", _unpadded_heads
+        )
         _wrap(get("Llama3RotaryEmbedding"), "__init__", _llama3_scaled_frequencies)
         _wrap(get("DetokenizerManager"), "handle_batch_token_id_out", _detokenize)
         _wrap(get("ModelWorker"), "__init__", _expert_ids_sync_when_captured)
@@ -368,6 +382,49 @@ def _llama3_scaled_frequencies(original, self, *args, **kwargs):
     original(self, *args, **kwargs)
     with jax.ensure_compile_time_eval():
         self._inv_freq_np = np.asarray(self._compute_inv_freq(self.base), np.float32)
+
+
+def _unpadded_heads(
+    original,
+    q,
+    k_cache,
+    v_cache,
+    seq_lengths,
+    loc,
+    extend_prefix_lens,
+    extend_seq_lens,
+    num_heads,
+    *args,
+    **kwargs,
+):
+    """attention_head_dim_unpadded: upstream's attention output with each head cut back from
+    the KV pool's padded width to q's head_dim."""
+    out = original(
+        q,
+        k_cache,
+        v_cache,
+        seq_lengths,
+        loc,
+        extend_prefix_lens,
+        extend_seq_lens,
+        num_heads,
+        *args,
+        **kwargs,
+    )
+    return unpadded_heads(out, q.shape[-1] if q.ndim == 3 else q.shape[-1] // num_heads, num_heads)
+
+
+def unpadded_heads(
+    out: Float[Array, "tokens width"], head_dim: int, num_heads: int
+) -> Float[Array, "tokens heads_x_head_dim"]:
+    """`out` ([tokens, num_heads * w]) with each head's first `head_dim` columns, where `w` is
+    the pool's padding of `head_dim` to a multiple of 128; any other width is returned as is
+    (models whose V head is narrower than their q head)."""
+    width = out.shape[-1] // num_heads
+    if width == head_dim or width != -(-head_dim // 128) * 128:
+        return out
+    tokens = out.shape[0]
+    return out.reshape(tokens, num_heads, width)[..., :head_dim].reshape(tokens, -1)
 
 
 def _cache_loc_copied(original, self, *args, **kwargs):

@@ -186,6 +186,7 @@ MODULE_GLOBALS: dict[str, tuple[str, ...]] = {
     "managers.tokenizer_manager": ("get_zmq_socket",),
     "managers.tp_worker": ("psutil",),
     "managers.tp_worker_overlap_thread": ("psutil",),
+    "layers.attention.native_backend": ("forward_attention",),
     "entrypoints.engine": ("get_zmq_socket",),
 }
 SOCKET_MODULES = tuple(m for m, names in MODULE_GLOBALS.items() if "get_zmq_socket" in names)

@@ -60,9 +60,7 @@ class TinyShape:
     layers: int = 2
     heads: int = 4
     kv_heads: int = 2
-    # sgl-jax's KV pool pads head_dim to 128 and its CPU attention does not cut the padding off
-    # the output (pinned commit): a smaller head_dim breaks the engine, so use 128.
-    head_dim: int = 128
+    head_dim: int = 128  # `--like` replicas take their checkpoint's (LikePreset.head_dim)
     max_positions: int = 2048
     # Std of the output projection: with unit-RMS hidden states, logits std ~ 0.3 * sqrt(64).
     lm_head_std: float = 0.3
@@ -80,6 +78,8 @@ class LikePreset:
       and no pad id, as Llama 3 base checkpoints ship.
     - max_positions: a floor on max_position_embeddings above the tiny shape's (llama3 RoPE
       scaling wants it above its original_max_position_embeddings, 8192, or HF warns).
+    - head_dim: the checkpoint's attention head size (its config's `head_dim`, else hidden /
+      heads), kept at every size: it sets the RoPE frequencies and the KV pool's padding.
     - real, real_vocab: the checkpoint's sizes and model vocabulary (`real_size=True`).
     """
 
@@ -88,6 +88,7 @@ class LikePreset:
     config: dict[str, Any]
     generation: dict[str, Any]
     eos_with_bos: bool
+    head_dim: int
     max_positions: int | None = None
     real: TinyShape | None = None
     real_vocab: int | None = None
@@ -116,6 +117,7 @@ LIKE_PRESETS: dict[str, LikePreset] = {
         config={**_QWEN_BASE, "rope_theta": 1000000, "tie_word_embeddings": True},
         generation=_QWEN3_GENERATION,
         eos_with_bos=True,
+        head_dim=128,
         # Qwen/Qwen3-0.6B config.json; weights as the tiny model's (random, seeded).
         real=TinyShape(
             hidden=1024,
@@ -135,6 +137,7 @@ LIKE_PRESETS: dict[str, LikePreset] = {
         config={**_QWEN_BASE, "rope_theta": 1000000, "tie_word_embeddings": False},
         generation=_QWEN3_GENERATION,
         eos_with_bos=True,
+        head_dim=128,
     ),
     "qwen2.5-1.5b-instruct": LikePreset(
         arch="qwen2",
@@ -148,6 +151,7 @@ LIKE_PRESETS: dict[str, LikePreset] = {
             "top_p": 0.8,
         },
         eos_with_bos=True,
+        head_dim=128,
     ),
     "llama-3.1-8b": LikePreset(
         arch="llama",
@@ -159,6 +163,7 @@ LIKE_PRESETS: dict[str, LikePreset] = {
         },
         generation=_LLAMA_GENERATION,
         eos_with_bos=False,
+        head_dim=128,
         max_positions=16384,
     ),
     "llama-3.2-1b": LikePreset(
@@ -171,6 +176,7 @@ LIKE_PRESETS: dict[str, LikePreset] = {
         },
         generation=_LLAMA_GENERATION,
         eos_with_bos=False,
+        head_dim=64,
         max_positions=16384,
     ),
 }
@@ -236,6 +242,8 @@ def make_tiny_model(
             shape = dataclasses.replace(shape, layers=layers)
     elif layers is not None:
         raise ValueError("layers is for real_size models only")
+    elif preset is not None:
+        shape = dataclasses.replace(shape, head_dim=preset.head_dim)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -434,14 +442,14 @@ def default_model_dir() -> Path:
     `$SGL_JAX_ROLLOUT_CACHE` overrides the cache root (default `~/.cache/sgl-jax-rollout`).
     The files are deterministic, so an existing complete directory is reused as is.
     """
-    return _cached("tiny-qwen3-seed0", make_tiny_model)
+    return cached_dir("tiny-qwen3-seed0", make_tiny_model)
 
 
 def real_size_model_dir(layers: int) -> Path:
     """A Qwen3-0.6B-sized model with `layers` layers (float32, random weights, seed 0), for
     benchmarks; built on first use in the same cache as `default_model_dir` (620 MB of
     embedding plus 63 MB per layer)."""
-    return _cached(
+    return cached_dir(
         f"qwen3-0.6b-size-{layers}-layers-seed0",
         lambda out: make_tiny_model(
             out, like="qwen3-0.6b", real_size=True, layers=layers, dtype="float32"
@@ -449,7 +457,10 @@ def real_size_model_dir(layers: int) -> Path:
     )
 
 
-def _cached(name: str, build) -> Path:
+def cached_dir(name: str, build) -> Path:
+    """`name` under the cache root (`$SGL_JAX_ROLLOUT_CACHE`, default
+    `~/.cache/sgl-jax-rollout`), built by `build(staging_dir)` when absent: built in a staging
+    directory and renamed into place, so a directory that exists is complete."""
     root = Path(os.environ.get("SGL_JAX_ROLLOUT_CACHE", Path.home() / ".cache" / "sgl-jax-rollout"))
     out = root / name
     if not (out / "model.safetensors").is_file():

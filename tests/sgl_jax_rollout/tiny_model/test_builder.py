@@ -153,7 +153,8 @@ def test_next_token_entropy_is_far_from_uniform(qwen3_dir, tunix_qwen3):
 
 # --- make_tiny_model(like=NAME): a real checkpoint's config features at the tiny sizes ---
 
-# Written from the checkpoints' own config.json / generation_config.json, not from the builder.
+# Written from the checkpoints' own config.json / generation_config.json, not from the builder
+# (head_dim: the config's, else hidden_size / num_attention_heads).
 LLAMA3_ROPE = {
     "high_freq_factor": 4.0,
     "low_freq_factor": 1.0,
@@ -165,6 +166,7 @@ REAL = {
         {
             "architectures": ["Qwen3ForCausalLM"],
             "model_type": "qwen3",
+            "head_dim": 128,
             "tie_word_embeddings": True,
             "rope_theta": 1000000,
             "rope_scaling": None,
@@ -178,6 +180,7 @@ REAL = {
         {
             "architectures": ["Qwen3ForCausalLM"],
             "model_type": "qwen3",
+            "head_dim": 128,
             "tie_word_embeddings": False,
             "rope_theta": 1000000,
             "rope_scaling": None,
@@ -191,6 +194,7 @@ REAL = {
         {
             "architectures": ["Qwen2ForCausalLM"],
             "model_type": "qwen2",
+            "head_dim": 128,
             "tie_word_embeddings": True,
             "rope_theta": 1000000.0,
             "rms_norm_eps": 1e-6,
@@ -208,6 +212,7 @@ REAL = {
         {
             "architectures": ["LlamaForCausalLM"],
             "model_type": "llama",
+            "head_dim": 128,
             "tie_word_embeddings": False,
             "rope_theta": 500000.0,
             "rope_scaling": {"factor": 8.0, **LLAMA3_ROPE},
@@ -221,6 +226,7 @@ REAL = {
         {
             "architectures": ["LlamaForCausalLM"],
             "model_type": "llama",
+            "head_dim": 64,
             "tie_word_embeddings": True,
             "rope_theta": 500000.0,
             "rope_scaling": {"factor": 32.0, **LLAMA3_ROPE},
@@ -237,7 +243,6 @@ TINY_SIZES = {
     "num_hidden_layers": 2,
     "num_attention_heads": 4,
     "num_key_value_heads": 2,
-    "head_dim": 128,
     "vocab_size": 1024,
     "hidden_act": "silu",
     "torch_dtype": "bfloat16",
