@@ -135,7 +135,10 @@ def _demo(args: argparse.Namespace) -> int:
         except tpu_configs.PresetError as err:
             print(f"sgl-jax-rollout: error: --preset: {err}", file=sys.stderr)
             return 2
-    if args.rollout == "sglang_jax" and _engine_missing(
+    if args.rollout == "both" and args.task is None:
+        print("sgl-jax-rollout: error: demo: --rollout both needs --task", file=sys.stderr)
+        return 2
+    if args.rollout != "vanilla" and _engine_missing(
         "(or run the demo on tunix's rollout: --rollout vanilla)"
     ):
         return 2
@@ -153,18 +156,16 @@ def _demo(args: argparse.Namespace) -> int:
         config = DemoConfig(
             algo=args.algo,
             rollout=args.rollout,
-            steps=args.steps,
-            prompts_per_step=args.prompts_per_step,
             model_path=args.model_path,
             out=args.out,
             seed=args.seed,
-            temperature=args.temperature,
             num_iterations=args.num_iterations,
             tis_cap=args.tis_cap,
             **_variant_fields(args),
             preset=args.preset,
-            lora_rank=args.lora_rank,
-            lora_alpha=args.lora_alpha,
+            task=args.task,
+            eval_problems=args.eval_problems,
+            **_run_size_fields(args),
         )
         share(config)
     except ValueError as err:
@@ -172,6 +173,8 @@ def _demo(args: argparse.Namespace) -> int:
         return 2
     if args.sweep:
         return _sweep(dataclasses.replace(config, top_entropy_quantile=None), args)
+    if config.task is not None:
+        return _task(config)
     history = run(config)
     first, last = history[0]["reward_mean"], history[-1]["reward_mean"]
     out = output_dir(config) if args.out else None
@@ -180,6 +183,49 @@ def _demo(args: argparse.Namespace) -> int:
         f"{first:.3f} -> {last:.3f}, {history[-1]['compiles_after_warmup']} XLA compiles "
         f"after step 0; metrics in {out}/metrics.jsonl, plot in {out}/metrics.png"
     )
+    return 0
+
+
+RUN_SIZE_FLAGS = (
+    "steps",
+    "prompts_per_step",
+    "num_generations",
+    "max_tokens",
+    "temperature",
+    "learning_rate",
+    "lora_rank",
+    "lora_alpha",
+    "eval_every",
+)
+
+
+def _run_size_fields(args: argparse.Namespace) -> dict:
+    """The run-size flags given; with --task, the task run's defaults (`TASK_DEFAULTS`) for the
+    others (else `DemoConfig`'s)."""
+    from sgl_jax_rollout_apps.demo import TASK_DEFAULTS
+
+    given = {name: getattr(args, name) for name in RUN_SIZE_FLAGS}
+    given = {name: value for name, value in given.items() if value is not None}
+    return {**TASK_DEFAULTS, **given} if args.task else given
+
+
+def _task(config) -> int:
+    from sgl_jax_rollout_apps import demo, task_run
+
+    if config.rollout == "both":
+        summaries = task_run.compare(config, demo.run_task)
+        where = f"{config.out}/summary.json, plot in {config.out}/task.png"
+    else:
+        summaries = {config.rollout: demo.run_task(config)[1]}
+        where = f"{demo.output_dir(config)}/summary.json" if config.out else "not written"
+    for rollout, s in summaries.items():
+        print(
+            f"{config.task} with the {rollout} rollout: held-out greedy accuracy "
+            f"{s['accuracy_before']:.3f} -> {s['accuracy_after']:.3f} ({s['gain_points']:+.1f} "
+            f"points, p = {s['p_value']:.2g}, {s['eval_problems']} problems), "
+            f"{s['step_seconds_median']:.1f} s per step"
+        )
+    print(f"summary in {where}")
     return 0
 
 
@@ -289,6 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
         DTYPES,
         LIKE_PRESETS,
     )
+    from sgl_jax_rollout_apps.tasks import TASKS
 
     parser = argparse.ArgumentParser(
         prog="sgl-jax-rollout",
@@ -306,18 +353,51 @@ def build_parser() -> argparse.ArgumentParser:
         "metrics.png to --out.",
     )
     demo.add_argument("--algo", choices=["grpo", "egpo", "ppo"], default="grpo")
-    demo.add_argument("--rollout", choices=["sglang_jax", "vanilla"], default="sglang_jax")
-    demo.add_argument("--steps", type=int, default=20, help="training steps (>= 1)")
+    demo.add_argument(
+        "--rollout",
+        choices=["sglang_jax", "vanilla", "both"],
+        default="sglang_jax",
+        help="both (with --task): the same run with each rollout, on the same seeds",
+    )
+    demo.add_argument(
+        "--task",
+        choices=sorted(TASKS),
+        default=None,
+        help="a real task with a verifiable reward and held-out greedy accuracy (default model: "
+        "SmolLM2-135M-Instruct, built by make-real-model on first use; run-size flags not "
+        "given take the task run's defaults, demo.TASK_DEFAULTS); default: the toy task",
+    )
+    demo.add_argument(
+        "--eval-every", type=int, default=None, help="--task: held-out accuracy every N steps"
+    )
+    demo.add_argument(
+        "--eval-problems", type=int, default=200, help="--task: held-out problems (distinct)"
+    )
+    demo.add_argument(
+        "--max-tokens", type=int, default=None, help="tokens generated per sample (default 16)"
+    )
+    demo.add_argument(
+        "--num-generations",
+        type=int,
+        default=None,
+        help="samples per prompt, a GRPO group (>= 2, default 4)",
+    )
+    demo.add_argument(
+        "--learning-rate", type=float, default=None, help="actor learning rate (Adam, 1e-3)"
+    )
+    demo.add_argument("--steps", type=int, default=None, help="training steps (>= 1, 20)")
     demo.add_argument(
         "--prompts-per-step",
         type=int,
-        default=4,
-        help="prompts per step, over every host (a multiple of the JAX process count)",
+        default=None,
+        help="prompts per step, over every host (a multiple of the JAX process count; 4)",
     )
     demo.add_argument("--model-path", default=None, help="HF model dir (default: tiny model)")
     demo.add_argument("--out", default="demo_out", help="output directory (default: demo_out)")
     demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument("--temperature", type=float, default=1.0, help="rollout temperature")
+    demo.add_argument(
+        "--temperature", type=float, default=None, help="rollout temperature (default 1)"
+    )
     demo.add_argument(
         "--num-iterations",
         type=int,
@@ -352,12 +432,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--lora-rank",
         type=int,
-        default=0,
+        default=None,
         help="train qwix LoRA adapters of this rank on the actor (default 0: full weights); "
         "the engine serves the merged weights",
     )
     demo.add_argument(
-        "--lora-alpha", type=float, default=16.0, help="LoRA alpha (scaling alpha/rank)"
+        "--lora-alpha", type=float, default=None, help="LoRA alpha (scaling alpha/rank, 16)"
     )
     demo.set_defaults(func=_demo)
 

@@ -1,8 +1,11 @@
 """The main job: `sgl-jax-rollout demo`: GRPO / EGPO / PPO on the built-in model, on CPU.
 
-Owns the toy task (prompts, `rewards.vowel_word_reward`), the training configuration of
-each algorithm, the per-step report (tqdm bar; reward mean, completion length, rollout
-entropy mean, trainer/rollout logprob difference) and the outputs in `--out DIR`:
+Owns the toy task (prompts, `rewards.vowel_word_reward`), the real-task runs (`--task NAME`:
+a task of `tasks.TASKS` on a real checkpoint, by default SmolLM2-135M-Instruct from
+`real_model`, with held-out evaluation and step timing from `task_run`; `--rollout both`
+runs it with each rollout on the same seeds), the training configuration of each algorithm,
+the per-step report (tqdm bar; reward mean, completion length, rollout entropy mean,
+trainer/rollout logprob difference) and the outputs in `--out DIR`:
 `metrics.jsonl` (one line per step) and `metrics.png` (reward and entropy over steps).
 Every number comes from tunix's metrics buffer, through the cluster's external logger.
 
@@ -28,6 +31,7 @@ from sgl_jax_rollout_apps.plotting import require_matplotlib, reward_and_entropy
 
 log = logging.getLogger(__name__)
 ALGOS = ("grpo", "egpo", "ppo")
+ROLLOUTS = ("sglang_jax", "vanilla", "both")
 REPORTED = {
     "reward_mean": "rewards/score/mean",
     "completion_length": "completions/mean_length",
@@ -47,6 +51,35 @@ DEMO_ENGINE_SETTINGS = dict(
     max_prefill_tokens=1024,
     context_length=256,
     max_total_tokens=4096,
+)
+# A task run on the real model: rows of (prompt <= 64 tokens + completion <= 16), 32 at a time
+# (the native CPU attention's step time grows with rows x context, so both stay small). Every
+# prompt starts with the same system turn, which the radix cache holds after the first call:
+# a call of 32 rows prefills about 15 new tokens each, one 512-token bucket (a bucket of 2048
+# costs four times as much on CPU, where prefill is most of a rollout's time).
+TASK_ENGINE_SETTINGS = dict(
+    max_running_requests=32,
+    precompile_bs_paddings=(32,),
+    precompile_token_paddings=(512,),
+    max_prefill_tokens=512,
+    context_length=80,
+    max_total_tokens=4096,
+)
+TASK_PROMPT_TOKENS = 64
+# A task run's size where the command line does not say (`make demo-real`): sized to 45 minutes
+# of this 2-core CPU with SmolLM2-135M-Instruct (about 48 s a step, 85 s an evaluation).
+# Temperature 0.7: at 1.0 the untrained model's samples are almost never right (0 of 96 in a
+# trial), so GRPO groups carry no signal; LoRA keeps the update and the weight sync small.
+TASK_DEFAULTS = dict(
+    steps=40,
+    eval_every=10,
+    prompts_per_step=8,
+    num_generations=4,
+    max_tokens=12,
+    temperature=0.7,
+    learning_rate=2e-4,
+    lora_rank=16,
+    lora_alpha=32.0,
 )
 _SUBJECTS = [
     "water",
@@ -97,10 +130,25 @@ class DemoConfig:
     lora_rank: int = 0  # > 0: train qwix LoRA adapters of this rank on the actor
     lora_alpha: float = 16.0
     show_progress: bool = True
+    task: str | None = None  # a name of tasks.TASKS; None: the toy task
+    eval_every: int = 10  # with a task: held-out greedy accuracy every this many steps
+    eval_problems: int = 200
 
     def __post_init__(self) -> None:
         if self.algo not in ALGOS:
             raise ValueError(f"algo must be one of {ALGOS}, got {self.algo!r}")
+        if self.rollout not in ROLLOUTS:
+            raise ValueError(f"rollout must be one of {ROLLOUTS}, got {self.rollout!r}")
+        if self.rollout == "both" and self.task is None:
+            raise ValueError("rollout='both' needs a task: the comparison is of task runs")
+        if self.task is not None:
+            from sgl_jax_rollout_apps.tasks import task
+
+            task(self.task).held_out(self.eval_problems, self.seed)  # validates the count
+            if self.eval_every < 1:
+                raise ValueError(f"eval_every must be >= 1, got {self.eval_every}")
+            if self.eval_problems < 1:
+                raise ValueError(f"eval_problems must be >= 1, got {self.eval_problems}")
         if not (0 < self.temperature <= 2):
             raise ValueError(f"temperature must be in (0, 2], got {self.temperature}")
         for name in ("steps", "prompts_per_step", "max_tokens", "num_iterations"):
@@ -176,6 +224,23 @@ def run(config: DemoConfig) -> list[dict[str, float]]:
     return train(config, cluster, learner)
 
 
+def run_task(config: DemoConfig) -> tuple[list[dict[str, float]], dict[str, Any]]:
+    """A task run: (the history of `run`, with each step's time and phases; the summary of
+    `TaskRun`: held-out accuracy before and after, its p-value, step times)."""
+    if config.out:
+        require_matplotlib()
+    cluster, learner = build(config)
+    from sgl_jax_rollout_apps.task_run import TaskRun
+
+    try:
+        task_run = TaskRun(config, cluster, cluster.cluster_config.rollout_config)
+    except BaseException:
+        _shutdown(cluster)
+        raise
+    history = train(config, cluster, learner, task_run=task_run)
+    return history, task_run.summary()
+
+
 def _rollout_micro_batch(preset: tpu_configs.Preset | None, prompts: int) -> int | None:
     """The preset's rollout micro-batch where it divides the step's prompts (tunix requires
     it), else the whole step in one rollout call."""
@@ -200,9 +265,14 @@ def build(config: DemoConfig):
     from tunix_adapter.cluster import build_cluster
     from tunix_adapter.rewards import vowel_word_reward
 
+    model_path = config.model_path
+    if config.task is not None and model_path is None:
+        from sgl_jax_rollout_apps.real_model import real_model_dir
+
+        model_path = str(real_model_dir())
     rollout_config = RolloutConfig(
         max_tokens_to_generate=config.max_tokens,
-        max_prompt_length=16,
+        max_prompt_length=TASK_PROMPT_TOKENS if config.task else 16,
         temperature=config.temperature,
         top_p=1.0,  # not None: tunix's vanilla sampler is greedy when top_p is None
         top_k=None,
@@ -219,26 +289,36 @@ def build(config: DemoConfig):
         max_steps=config.steps,
         rollout_micro_batch_size=_rollout_micro_batch(preset, per_process),
     )
+    settings = TASK_ENGINE_SETTINGS if config.task else DEMO_ENGINE_SETTINGS
     cluster = build_cluster(
         rollout=config.rollout,
-        model_path=config.model_path,
+        model_path=model_path,
         rollout_config=rollout_config,
         training_config=training,
-        engine_settings=config.engine_settings or (None if preset else DEMO_ENGINE_SETTINGS),
+        engine_settings=config.engine_settings or (None if preset else settings),
         with_reference=False,
         with_critic=config.algo == "ppo",
         preset=preset,
         lora={"rank": config.lora_rank, "alpha": config.lora_alpha} if config.lora_rank else None,
     )
+    if config.task is not None:
+        from sgl_jax_rollout_apps.tasks import task
+
+        reward = task(config.task).reward
+    else:
+        reward = vowel_word_reward
     try:
-        return cluster, _learner(config, cluster, vowel_word_reward)
+        return cluster, _learner(config, cluster, reward)
     except BaseException:
         _shutdown(cluster)
         raise
 
 
-def train(config: DemoConfig, cluster, learner, shutdown: bool = True) -> list[dict[str, float]]:
-    """Runs the learner on the demo's batches; reports and writes the metrics of every step.
+def train(
+    config: DemoConfig, cluster, learner, shutdown: bool = True, task_run: Any = None
+) -> list[dict[str, float]]:
+    """Runs the learner on the demo's batches (a `TaskRun`'s with a task); reports and writes
+    the metrics of every step.
 
     Shuts the rollout down at the end unless `shutdown=False` (then the caller does).
     """
@@ -272,13 +352,18 @@ def train(config: DemoConfig, cluster, learner, shutdown: bool = True) -> list[d
 
     cluster.with_external_metrics_logger(record)
     try:
-        batches = [
-            # numpy arrays, as tunix's data pipelines give them (it repeats them along axis 0)
-            {"prompts": np.array(local_prompts(config, step))}
-            for step in range(config.steps)
-        ]
+        if task_run is not None:
+            batches = task_run.batches()
+        else:
+            batches = [
+                # numpy arrays, as tunix's data pipelines give them (it repeats them along axis 0)
+                {"prompts": np.array(local_prompts(config, step))}
+                for step in range(config.steps)
+            ]
         with count_compiles() as compiles:  # read by `record`
             learner.train(batches)  # closes the cluster, which flushes the last step's metrics
+        if task_run is not None:
+            task_run.finish()
     except BaseException:
         _shutdown(cluster)
         raise
@@ -286,6 +371,8 @@ def train(config: DemoConfig, cluster, learner, shutdown: bool = True) -> list[d
         bar.close()
     if shutdown:
         _shutdown(cluster)
+    if task_run is not None and config.out:
+        task_run.write(output_dir(config), history)
     if config.out:
         write_outputs(history, output_dir(config), config)
     return history

@@ -1,4 +1,5 @@
-"""Reward and rollout-entropy curves of training runs in one PNG (demo, compare, sweep).
+"""Reward and rollout-entropy curves of training runs in one PNG (demo, compare, sweep), and
+a task run's held-out accuracy, reward and step time per rollout (`demo --task`).
 
 Owns the applications' only matplotlib use. matplotlib comes with the `apps` extra
 (`pip install "sgl-jax-rollout[apps]"`); `require_matplotlib` says so before a run starts.
@@ -51,6 +52,32 @@ def seed_bands(runs: dict[str, list[list[dict]]], path: Path, title: str) -> Non
         top.legend()
     bottom.set_ylabel("rollout entropy mean")
     bottom.set_xlabel("step")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def task_curves(runs: dict[str, tuple[list[dict], list[dict]]], path: Path, title: str) -> None:
+    """Three stacked panels over the step, one line per rollout: held-out greedy accuracy (from
+    each run's evaluations), reward mean and wall time per step (from its history rows)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (accuracy, reward, seconds) = plt.subplots(3, 1, figsize=(7, 8), sharex=True)
+    for name, (history, evals) in runs.items():
+        accuracy.plot([e["step"] for e in evals], [e["accuracy"] for e in evals], "o-", label=name)
+        steps = [r["step"] for r in history]
+        reward.plot(steps, [r.get("reward_mean", math.nan) for r in history], label=name)
+        seconds.plot(steps, [r.get("step_seconds", math.nan) for r in history], label=name)
+    accuracy.set_ylabel("held-out greedy accuracy")
+    accuracy.set_title(title)
+    accuracy.legend()
+    reward.set_ylabel("reward mean")
+    seconds.set_ylabel("wall time per step (s)")
+    seconds.set_yscale("log")
+    seconds.set_xlabel("step")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

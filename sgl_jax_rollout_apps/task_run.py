@@ -1,0 +1,170 @@
+"""What `demo --task NAME` adds to a demo run: the task's batches, held-out evaluation between
+steps, where each step's time goes, and the two-rollout comparison with its plot.
+
+Owns `TaskRun`. Its `batches` generator is what the learner trains on: each step's prompts (the
+task's chat prompts, `prompts_per_step` of them) with their answers as a dataset column, and,
+before steps 0, `eval_every`, 2 x `eval_every`, ..., the held-out greedy accuracy measured
+through the run's own rollout on the weights it holds then (tunix pulls a step's batch after
+the previous step's weight sync). `finish` measures it once more after the last step. Wall
+time per step is the time between two batches less the evaluation between them; `phases`
+splits it (rollout, trainer scoring, actor update, weight sync) by timing the cluster's own
+methods. `compare` runs the same task with each rollout on the same seeds and writes
+`summary.json` and `task.png` (held-out accuracy, reward mean and wall time per step).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sgl_jax_rollout_apps import tasks
+
+log = logging.getLogger(__name__)
+PHASES = {
+    "rollout_s": "generate",
+    "trainer_scoring_s": "get_actor_per_token_logps",
+    "actor_update_s": "update_actor",
+    "weight_sync_s": "sync_weights",
+}
+
+
+class TaskRun:
+    def __init__(self, config: Any, cluster: Any, rollout_config: Any) -> None:
+        self.config = config
+        self.task = tasks.task(config.task)
+        self.cluster = cluster
+        self.rollout_config = rollout_config
+        tokenizer = cluster.tokenizer
+        held_out = self.task.held_out(config.eval_problems, config.seed)
+        self._eval_prompts = [self.task.prompt(tokenizer, p) for p in held_out]
+        self._eval_answers = [p.answer for p in held_out]
+        self._train = self.task.problems(
+            config.steps * config.prompts_per_step, config.seed, exclude=held_out
+        )
+        self._prompts = [self.task.prompt(tokenizer, p) for p in self._train]
+        self.evals: list[dict[str, float]] = []
+        self.step_seconds: list[float] = []
+        self.step_phases: list[dict[str, float]] = []
+        self._totals = dict.fromkeys(PHASES, 0.0)
+        self._eval_seconds_since_last = 0.0
+        self._last_batch = time.perf_counter()
+        self._time_phases()
+
+    def batches(self) -> Iterator[dict[str, np.ndarray]]:
+        per_step = self.config.prompts_per_step
+        for step in range(self.config.steps):
+            # tunix asks for step k's batch once step k - 1 has trained and synced its weights.
+            if step % self.config.eval_every == 0:
+                self._evaluate(step)
+            if step:
+                self._close_step()
+            rows = slice(step * per_step, (step + 1) * per_step)
+            self._last_batch = time.perf_counter()
+            yield {
+                "prompts": np.array(self._prompts[rows]),
+                "answer": np.array([p.answer for p in self._train[rows]]),
+            }
+
+    def finish(self) -> None:
+        """After the learner returns: the last step's time and the final evaluation."""
+        self._close_step()
+        self._evaluate(self.config.steps)
+
+    def _close_step(self) -> None:
+        """The step since the last batch was handed out, less the evaluation after it."""
+        seconds = time.perf_counter() - self._last_batch - self._eval_seconds_since_last
+        self.step_seconds.append(round(seconds, 3))
+        self.step_phases.append({name: round(t, 3) for name, t in self._totals.items()})
+        self._totals = dict.fromkeys(PHASES, 0.0)
+        self._eval_seconds_since_last = 0.0
+
+    def _evaluate(self, step: int) -> None:
+        start = time.perf_counter()
+        accuracy = tasks.evaluate(
+            self.cluster.rollout,
+            self._eval_prompts,
+            self._eval_answers,
+            self.rollout_config,
+            self.config.prompts_per_step * self.config.num_generations,
+        )
+        seconds = time.perf_counter() - start
+        self._eval_seconds_since_last += seconds
+        self.evals.append({"step": step, "accuracy": accuracy, "seconds": round(seconds, 2)})
+        log.info("held-out accuracy at step %d: %.3f (%.0f s)", step, accuracy, seconds)
+        if self.config.show_progress:
+            print(
+                f"held-out greedy accuracy after {step} steps: {accuracy:.3f} "
+                f"({len(self._eval_prompts)} problems, {seconds:.0f} s)",
+                flush=True,
+            )
+
+    def _time_phases(self) -> None:
+        """Times the cluster's own methods (instance attributes over the class's)."""
+        for phase, name in PHASES.items():
+            original = getattr(self.cluster, name)
+
+            def timed(*args, _original=original, _phase=phase, **kwargs):
+                start = time.perf_counter()
+                try:
+                    return _original(*args, **kwargs)
+                finally:
+                    self._totals[_phase] += time.perf_counter() - start
+
+            setattr(self.cluster, name, timed)
+
+    def summary(self) -> dict[str, Any]:
+        n = len(self._eval_prompts)
+        first, last = self.evals[0]["accuracy"], self.evals[-1]["accuracy"]
+        steady = self.step_seconds[1:] or self.step_seconds
+        return {
+            "task": self.config.task,
+            "rollout": self.config.rollout,
+            "eval_problems": n,
+            "accuracy_before": first,
+            "accuracy_after": last,
+            "gain_points": round(100 * (last - first), 1),
+            "p_value": tasks.two_proportion_p(first, last, n, n),
+            "step_seconds_median": float(np.median(steady)),
+            "first_step_seconds": self.step_seconds[0],
+            "phases_median_s": {
+                phase: float(
+                    np.median([p[phase] for p in self.step_phases[1:] or self.step_phases])
+                )
+                for phase in PHASES
+            },
+            "evals": self.evals,
+        }
+
+    def write(self, out: Path, history: list[dict[str, float]]) -> None:
+        out.mkdir(parents=True, exist_ok=True)
+        for row, seconds, phases in zip(history, self.step_seconds, self.step_phases, strict=False):
+            row.update(step_seconds=seconds, **phases)
+        with open(out / "eval.jsonl", "w") as f:
+            for row in self.evals:
+                f.write(json.dumps(row) + "\n")
+        (out / "summary.json").write_text(json.dumps(self.summary(), indent=2) + "\n")
+
+
+def compare(config: Any, run_one) -> dict[str, Any]:
+    """`run_one(config)` -> (history, summary) for each rollout, on the same seeds; writes
+    `summary.json` and `task.png` to `config.out` and returns the summary."""
+    from sgl_jax_rollout_apps.plotting import task_curves
+
+    out = Path(config.out)
+    runs, summaries = {}, {}
+    for rollout in ("sglang_jax", "vanilla"):
+        one = dataclasses.replace(config, rollout=rollout, out=str(out / rollout))
+        history, summary = run_one(one)
+        runs[rollout] = (history, summary["evals"])
+        summaries[rollout] = summary
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps(summaries, indent=2) + "\n")
+    task_curves(runs, out / "task.png", f"GRPO on {config.task} ({config.steps} steps)")
+    return summaries

@@ -1,0 +1,69 @@
+"""The real tasks of `demo --task` (sgl_jax_rollout_apps/tasks.py): problems, held-out split,
+reward, and the two-proportion test (against scipy's chi-square test, which equals it)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sgl_jax_rollout_apps.tasks import TASKS, is_correct, task, two_proportion_p
+
+
+def test_problems_are_seeded_and_held_out_questions_never_reach_training():
+    arithmetic = task("arithmetic")
+    held_out = arithmetic.held_out(200, seed=0)
+    assert len({p.question for p in held_out}) == 200
+    assert arithmetic.held_out(200, seed=0) == held_out
+    train = arithmetic.problems(5000, seed=0, exclude=held_out)
+    assert not {p.question for p in train} & {p.question for p in held_out}
+    assert train == arithmetic.problems(5000, seed=0, exclude=held_out)
+    for p in train[:50]:
+        a, b = (int(x) for x in p.question.removesuffix(" =").split(" + "))
+        assert 0 <= a <= 20 and 0 <= b <= 20 and p.answer == str(a + b)
+    with pytest.raises(ValueError, match="at most half of the task's 441 questions"):
+        arithmetic.held_out(221, seed=0)
+    with pytest.raises(ValueError, match="task must be one of"):
+        task("chess")
+
+
+@pytest.mark.parametrize(
+    ("completion", "right"),
+    [
+        ("7 + 9 = 16.", True),
+        ("16", True),
+        ("The answer is 16", True),
+        ("The answer is 11.", False),
+        ("16 is not it, 17", False),
+        ("-16", False),
+        ("", False),
+        ("sixteen", False),
+    ],
+)
+def test_the_reward_reads_the_last_integer(completion, right):
+    assert is_correct(completion, "16") is right
+    reward = TASKS["arithmetic"].reward(["p"], [completion], answer=np.array(["16"]))
+    assert reward == [float(right)]
+
+
+def test_two_proportion_p_matches_scipy():
+    from scipy.stats import chi2_contingency
+
+    for before, after, n in [(0.2, 0.35, 200), (0.3, 0.3, 200), (0.1, 0.5, 50)]:
+        table = [[before * n, (1 - before) * n], [after * n, (1 - after) * n]]
+        expected = chi2_contingency(table, correction=False).pvalue
+        assert two_proportion_p(before, after, n, n) == pytest.approx(expected, rel=1e-9)
+
+
+def test_chat_prompts_use_the_system_message_and_the_template():
+    from transformers import AutoTokenizer
+
+    from sgl_jax_rollout.tiny_model import default_model_dir
+
+    tokenizer = AutoTokenizer.from_pretrained(default_model_dir())
+    arithmetic = task("arithmetic")
+    problem = arithmetic.problems(1, seed=3)[0]
+    prompt = arithmetic.prompt(tokenizer, problem)
+    assert prompt.startswith("<|im_start|>system\nYou are a calculator.")
+    assert prompt.endswith(
+        f"<|im_start|>user\n{problem.question}<|im_end|>\n<|im_start|>assistant\n"
+    )
