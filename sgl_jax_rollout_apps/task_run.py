@@ -67,6 +67,7 @@ class TaskRun:
                 self._close_step()
             rows = slice(step * per_step, (step + 1) * per_step)
             self._last_batch = time.perf_counter()
+            self._eval_seconds_since_last = 0.0  # evaluations before the batch are no step's
             yield {
                 "prompts": np.array(self._prompts[rows]),
                 "answer": np.array([p.answer for p in self._train[rows]]),
