@@ -67,7 +67,7 @@ TASK_ENGINE_SETTINGS = dict(
 )
 TASK_PROMPT_TOKENS = 64
 # A task run's size where the command line does not say (`make demo-real`): sized to 45 minutes
-# of this 2-core CPU with SmolLM2-135M-Instruct (about 48 s a step, 85 s an evaluation).
+# of this 2-core CPU with SmolLM2-135M-Instruct (45-52 s a step, 90 s an evaluation).
 # Temperature 0.7: at 1.0 the untrained model's samples are almost never right (0 of 96 in a
 # trial), so GRPO groups carry no signal; LoRA keeps the update and the weight sync small.
 TASK_DEFAULTS = dict(
