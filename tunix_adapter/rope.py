@@ -49,6 +49,8 @@ def rope_config(package: str, config: Any, hf: dict[str, Any]) -> Any:
     if not scaling:
         return config
     kind = scaling.get("rope_type", scaling.get("type"))
+    if kind == "default":  # HF's spelling of no scaling
+        return config
     if package not in PATCHED_PACKAGES or kind not in SUPPORTED_SCALING:
         raise ValueError(
             f"config.json rope_scaling of type {kind!r} is not supported for the tunix "

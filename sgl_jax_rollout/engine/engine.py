@@ -36,6 +36,7 @@ import zmq
 from sgl_jax_rollout.engine import patches, upstream
 from sgl_jax_rollout.engine.availability import require_sgl_jax
 from sgl_jax_rollout.engine.collector import Collector, Completion
+from sgl_jax_rollout.engine.rope_scaling import check_rope_scaling
 from sgl_jax_rollout.engine.rows import RequestSpec, extra_sampler_configs
 from sgl_jax_rollout.engine.settings import EngineSettings
 
@@ -63,6 +64,8 @@ class RolloutEngine:
         config_file = model_path / "config.json"
         if not config_file.is_file():
             raise ValueError(f"model_path must be a model directory with config.json: {model_path}")
+        model_config = json.loads(config_file.read_text())
+        check_rope_scaling(model_config)
         if threading.current_thread() is not threading.main_thread():
             raise RuntimeError(
                 "build the rollout engine on the main thread: sgl-jax installs signal "
@@ -80,7 +83,6 @@ class RolloutEngine:
         settings = _on_devices(settings, jax.devices())
         from transformers import AutoTokenizer
 
-        model_config = json.loads(config_file.read_text())
         self.model_path = model_path
         self.model_type = model_config.get("model_type", "")
         self.settings = settings

@@ -114,6 +114,15 @@ def test_unsupported_rope_scaling_is_refused_by_name(tiny_llama):
         load_tunix_model(with_config(tiny_llama, rope_scaling=yarn))
 
 
+def test_default_rope_type_is_no_scaling(tiny_llama):
+    """HF writes `{"rope_type": "default"}` for no scaling: the same logits as without it."""
+    from tunix_adapter.models import load_tunix_model
+
+    plain = forward(load_tunix_model(with_config(tiny_llama, rope_scaling=None)), 64)
+    default = load_tunix_model(with_config(tiny_llama, rope_scaling={"rope_type": "default"}))
+    np.testing.assert_array_equal(forward(default, 64), plain)
+
+
 def test_the_fix_applies_once():
     model_lib = tunix_compat.model_module("qwen3", "model")
 

@@ -1,0 +1,56 @@
+"""Which `rope_scaling` types the engine's model applies: checked before the engine starts.
+
+sgl-jax at the pinned commit (`availability.PINNED_COMMIT`, cddbf6f1) builds RoPE two ways:
+
+- `srt/models/llama.py:162` (`LlamaForCausalLM`, also `Phi3ForCausalLM` and
+  `InternLM3ForCausalLM`) calls `srt/layers/embeddings.py` `get_rope`, which applies a
+  `rope_scaling` of type "proportional", "llama3" (with our patch `llama3_rope_scaling`) or
+  "yarn" and raises on any other (`embeddings.py:661-720`);
+- `srt/models/qwen2.py:130`, `qwen3.py:98` and `qwen3_moe.py:103` build a plain
+  `RotaryEmbedding` from `rope_theta` and never read `rope_scaling`: a Qwen checkpoint with
+  YaRN (as Qwen3 documents for long contexts) is served with unscaled RoPE, another function
+  than the checkpoint's, whatever the trainer computes.
+
+Owns `check_rope_scaling`: a ValueError naming `rope_scaling`, the architecture and what its
+engine model applies, for a scaling it would not apply. `rope_type: "default"` (HF's spelling
+of no scaling) is no scaling. An architecture missing from `APPLIED` is served with no
+scaling only: nothing there was read. Extend `APPLIED` when the pin moves or a family lands.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from sgl_jax_rollout.engine.availability import PINNED_COMMIT
+
+_GET_ROPE = ("llama3", "proportional", "yarn")
+APPLIED: dict[str, tuple[str, ...]] = {
+    "LlamaForCausalLM": _GET_ROPE,
+    "Phi3ForCausalLM": _GET_ROPE,
+    "InternLM3ForCausalLM": _GET_ROPE,
+    "Qwen2ForCausalLM": (),
+    "Qwen3ForCausalLM": (),
+    "Qwen3MoeForCausalLM": (),
+}
+
+
+def check_rope_scaling(model_config: Mapping[str, Any]) -> None:
+    """Raises ValueError when `model_config` (a config.json) asks for a `rope_scaling` that the
+    engine's model for its architecture does not apply."""
+    scaling = model_config.get("rope_scaling")
+    if not scaling:
+        return
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind == "default":
+        return
+    architecture = (model_config.get("architectures") or ["(no architectures)"])[0]
+    applied = APPLIED.get(architecture, ())
+    if kind in applied:
+        return
+    raise ValueError(
+        f"config.json rope_scaling of type {kind!r} is not applied by sgl-jax's "
+        f"{architecture} model at the pinned commit {PINNED_COMMIT[:8]} (it applies "
+        f"{list(applied) if applied else 'no rope_scaling'}): the engine would serve unscaled "
+        "RoPE, another function than the checkpoint's"
+    )
