@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sgl_jax_rollout import tunix_compat
+from sgl_jax_rollout.engine.rope_scaling import scaling_kind
 
 # tunix model packages whose Attention.block omits rope_theta (tunix 0.1.7, main c7d8950f).
 PATCHED_PACKAGES = ("llama3", "qwen3")
@@ -45,12 +46,10 @@ def rope_config(package: str, config: Any, hf: dict[str, Any]) -> Any:
     """`config` (a tunix ModelConfig) carrying the checkpoint's `rope_scaling`, or `config`
     itself when there is none. Raises ValueError naming `rope_scaling` for a type tunix's
     model cannot be made to compute."""
-    scaling = hf.get("rope_scaling")
-    if not scaling:
+    has_scaling, kind = scaling_kind(hf)
+    if not has_scaling:
         return config
-    kind = scaling.get("rope_type", scaling.get("type"))
-    if kind == "default":  # HF's spelling of no scaling
-        return config
+    scaling = hf["rope_scaling"]
     if package not in PATCHED_PACKAGES or kind not in SUPPORTED_SCALING:
         raise ValueError(
             f"config.json rope_scaling of type {kind!r} is not supported for the tunix "

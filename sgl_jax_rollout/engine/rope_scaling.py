@@ -35,14 +35,22 @@ APPLIED: dict[str, tuple[str, ...]] = {
 }
 
 
+def scaling_kind(model_config: Mapping[str, Any]) -> tuple[bool, str | None]:
+    """(whether `model_config` (a config.json) scales RoPE, the `rope_scaling` type it names):
+    no `rope_scaling`, or one of type "default", is no scaling; a scaling without a type names
+    None. The trainer side (`tunix_adapter.rope`) reads the config through this too."""
+    scaling = model_config.get("rope_scaling")
+    if not scaling:
+        return False, None
+    kind = scaling.get("rope_type", scaling.get("type"))
+    return kind != "default", kind
+
+
 def check_rope_scaling(model_config: Mapping[str, Any]) -> None:
     """Raises ValueError when `model_config` (a config.json) asks for a `rope_scaling` that the
     engine's model for its architecture does not apply."""
-    scaling = model_config.get("rope_scaling")
-    if not scaling:
-        return
-    kind = scaling.get("rope_type", scaling.get("type"))
-    if kind == "default":
+    scaled, kind = scaling_kind(model_config)
+    if not scaled:
         return
     architecture = (model_config.get("architectures") or ["(no architectures)"])[0]
     applied = APPLIED.get(architecture, ())
