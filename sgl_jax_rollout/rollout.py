@@ -20,7 +20,7 @@ from flax import nnx
 from jaxtyping import Array, Float, Int
 
 from sgl_jax_rollout import rollout_inputs as inputs
-from sgl_jax_rollout.engine.lora import split_update
+from sgl_jax_rollout.engine.lora import lora_layout, split_update
 from sgl_jax_rollout.engine.settings import EngineSettings
 from sgl_jax_rollout.pad_id import pad_safe
 from sgl_jax_rollout.request_policy import RequestPolicy
@@ -50,13 +50,14 @@ class SglangJaxRollout(BaseRollout):
     such as penalties, min_p, entropy settings), `use_generation_config` (take those defaults
     from generation_config.json first; off, since a checkpoint's sampling defaults would make
     every rollout off-policy), `sync_actor_weights` (serve `rollout_actor`'s weights from the
-    start), `lora_scaling` (qwix's alpha / rank for a LoRA actor; the engine serves the merged
-    `W + lora_scaling * A @ B`). `RolloutConfig`'s temperature / top_p / top_k always win. With
-    a `mesh`, the engine uses its devices. `pad_id` (default: chosen, `sgl_jax_rollout.pad_id`)
-    is the id handed to tunix for padding: never one a prompt or completion holds, so never
-    EOS (checkpoints that ship pad = EOS get another id, logged). Policies (BOS, stop and pad
-    ids, seeds, limits) live in `request_policy`; this class translates tunix's vocabulary and
-    nothing else.
+    start), `lora_scaling` (qwix's alpha / rank for a LoRA actor whose qwix rules cannot be
+    read; they are read where they can be, per module). A LoRA actor's adapters are served
+    unmerged, on sgl-jax's static LoRA path (`engine.lora`). `RolloutConfig`'s temperature /
+    top_p / top_k always win. With a `mesh`, the engine uses its devices. `pad_id` (default:
+    chosen, `sgl_jax_rollout.pad_id`) is the id handed to tunix for padding: never one a prompt
+    or completion holds, so never EOS (checkpoints that ship pad = EOS get another id, logged).
+    Policies (BOS, stop and pad ids, seeds, limits) live in `request_policy`; this class
+    translates tunix's vocabulary and nothing else.
     """
 
     def __init__(
@@ -81,15 +82,13 @@ class SglangJaxRollout(BaseRollout):
         model_path = Path(model_path) if model_path is not None else default_model_dir()
         defaults = inputs.rollout_defaults(model_path, use_generation_config, sampling)
         self._rollout_config = rollout_config
-        self._lora_scaling = (
-            lora_scaling
-            if lora_scaling is not None
-            else getattr(rollout_config, "rollout_sglang_jax_lora_scaling", None)
-        )
+        if lora_scaling is None:
+            lora_scaling = getattr(rollout_config, "rollout_sglang_jax_lora_scaling", None)
+        lora = lora_layout(rollout_actor, lora_scaling)
         self._model_path = model_path
         self._actor = rollout_actor
         settings = _settings(engine_settings, mesh)
-        self._engine = RolloutEngine(model_path, settings, inputs.sampler_modes(defaults))
+        self._engine = RolloutEngine(model_path, settings, inputs.sampler_modes(defaults), lora)
         try:  # a failure from here on must not leave the engine running
             raw = tokenizer or self._engine.tokenizer
             model_eos = inputs.eos_ids(model_path, TokenizerAdapter(raw).eos_id())
@@ -175,13 +174,10 @@ class SglangJaxRollout(BaseRollout):
 
     def update_params(self, params: Any, filter_types: tuple[Any, ...] | None = None) -> None:
         """Swaps in new weights (tunix nnx state or engine layout; `engine.weights`); LoRA
-        factors are merged into the base on the way in (`engine.lora.split_update`)."""
+        factors go to the engine's LoRA buffers, unmerged (`engine.lora.split_update`)."""
         del filter_types  # the cluster already filtered the state it passes; names tell LoRA
-        base, lora = split_update(params, self._actor, self._lora_scaling)
-        if lora is None:
-            self._engine.update_weights(base)
-        else:
-            self._engine.update_weights(base, lora=lora, lora_scaling=self._lora_scaling)
+        base, lora = split_update(params, self._actor)
+        self._engine.update_weights(base, lora=lora)
 
     def pad_id(self) -> int:
         return self._tokenizer.pad_id()

@@ -81,6 +81,7 @@ def _check(args: argparse.Namespace) -> int:
         prompts=args.prompts,
         prompt_tokens=args.prompt_tokens,
         max_tokens=args.max_tokens,
+        engine_settings={"dtype": args.dtype} if args.dtype else None,
     )
     rows = check.run(config)
     print(check.table(rows))
@@ -460,6 +461,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="prompt length in tokens: completions sit past this position (RoPE shows there)",
     )
     chk.add_argument("--max-tokens", type=int, default=32, help="tokens generated per prompt")
+    chk.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16", "float16"],
+        default=None,
+        help="the engine's dtype (default: the preset's, else the checkpoint's)",
+    )
     chk.set_defaults(func=_check)
 
     comp = sub.add_parser(

@@ -11,7 +11,11 @@ the engine on the same weights, then checks, on prompts long enough that positio
    adapters, as tunix syncs them), fidelity at temperature 1 again;
 4. alignment: one logprob and one entropy per token, a stop (EOS) token only at the end,
    no pad id inside a completion, and pad id != EOS id;
-5. the pad id inside prompts: none of the tested prompts holds the pad id the rollout hands
+5. with `--lora-rank`, the update the engine serves from small adapters (B ~ N(0, 1e-5), where
+   most of `s * A @ B` is below half a bfloat16 step of `W`, so a merge rounded to a
+   bfloat16 engine would drop it): the engine's effective `s * A @ B` per adapted module, read
+   from its own weights, against the trainer's in float64 (relative error over all modules);
+6. the pad id inside prompts: none of the tested prompts holds the pad id the rollout hands
    tunix (tunix would mask it as padding). Where the tokenizer has a chat template, the
    prompts are chat conversations (a system turn, an exchange, then the long user turn), so
    every turn-closing token is in them; where a prompt holds the pad, the row fails naming
@@ -150,6 +154,19 @@ def verdicts(config: CheckConfig, rollout, trainer, lora: dict | None = None) ->
     early_stops = sum(
         bool(np.isin(np.asarray(t)[:-1], [eos, pad]).any()) for out in outputs for t in out.tokens
     )
+    if lora:
+        nnx.update(trainer, small_adapters(nnx.state(trainer, nnx.LoRAParam), config.seed + 2))
+        rollout.update_params(nnx.state(trainer, nnx.LoRAParam), (nnx.LoRAParam,))
+        error = lora_update_error(rollout, trainer)
+        lora_limit = 1e-2 if tolerance == BF16_TOLERANCE else 1e-5
+        rows.append(
+            Verdict(
+                f"LoRA update served, small B (rel. error, {_engine_dtype(rollout)})",
+                error,
+                f"<= {lora_limit:g}",
+                error <= lora_limit,
+            )
+        )
     rows += [
         Verdict(
             "completions with len(logprobs|entropy) != tokens", misaligned, "== 0", not misaligned
@@ -166,6 +183,53 @@ def pad_in_prompts(prompt_ids: list[list[int]], pad: int, token: str | None) -> 
     those tokens as padding), named by id."""
     holding = sum(pad in ids for ids in prompt_ids)
     return Verdict(f"prompts holding the pad id {pad} ({token})", holding, "== 0", not holding)
+
+
+def small_adapters(adapters: Any, seed: int, sigma: float = 1e-5) -> Any:
+    """`adapters` with every B factor drawn from N(0, sigma): an early LoRA update."""
+    import jax
+
+    rng = np.random.default_rng(seed)
+    return jax.tree_util.tree_map_with_path(
+        lambda path, x: (
+            jax.numpy.asarray(rng.normal(0.0, sigma, x.shape), x.dtype)
+            if "_lora_b" in jax.tree_util.keystr(path)
+            else x
+        ),
+        adapters,
+    )
+
+
+def lora_update_error(rollout, trainer) -> float:
+    """‖engine's s·A@B − trainer's s·A@B‖ / ‖trainer's‖ over every adapted module, in float64.
+
+    The engine's update is read from its own weights (its static LoRA buffers, in its dtype),
+    so whatever it serves is what is measured; the trainer's is qwix's `alpha / rank * A @ B`
+    with each module's scaling from the rollout's LoRA layout."""
+    import re
+
+    from flax import nnx
+
+    from sgl_jax_rollout.engine.lora import LORA_A, LORA_B, factor_pairs
+
+    layout = rollout.engine.lora
+    engine = {".".join(map(str, p)): v.value for p, v in rollout.engine.engine_state().flat_state()}
+    num = den = 0.0
+    for target, pair in factor_pairs(nnx.state(trainer, nnx.LoRAParam)).items():
+        a, b = (np.asarray(pair[k], np.float64) for k in (LORA_A, LORA_B))
+        rank = a.shape[-1]
+        expected = layout.scaling(target) * a.reshape(-1, rank) @ b.reshape(rank, -1)
+        layer, module = target.split(".")[1], target.split(".")[-2]
+        prefix = next(
+            name.removesuffix(".A_buffer")
+            for name in engine
+            if re.fullmatch(rf"model\.layers\.{layer}\.\w+\.{module}\.A_buffer", name)
+        )
+        a_buf, b_buf = (np.asarray(engine[f"{prefix}.{k}_buffer"][0], np.float64) for k in "AB")
+        served = (b_buf @ a_buf).T
+        num += float(((served - expected) ** 2).sum())
+        den += float((expected**2).sum())
+    return (num / den) ** 0.5
 
 
 def perturbed(state: Any, scale: float, seed: int) -> Any:

@@ -36,6 +36,7 @@ import zmq
 from sgl_jax_rollout.engine import patches, upstream
 from sgl_jax_rollout.engine.availability import require_sgl_jax
 from sgl_jax_rollout.engine.collector import Collector, Completion
+from sgl_jax_rollout.engine.lora import LoraLayout, engine_lora_args
 from sgl_jax_rollout.engine.rope_scaling import check_rope_scaling
 from sgl_jax_rollout.engine.rows import RequestSpec, extra_sampler_configs
 from sgl_jax_rollout.engine.settings import EngineSettings
@@ -53,12 +54,15 @@ class RolloutEngine:
         model_path: str | Path,
         settings: EngineSettings | None = None,
         sampler_modes: Sequence[dict[str, Any]] = (),
+        lora: LoraLayout | None = None,
     ) -> None:
         """Starts the engine; on any failure, whatever was started is stopped again (threads,
         sockets, signal handlers, the process's engine slot) before the error propagates.
 
         The sampler is compiled at start for its default mode, for `sampler_modes` (dicts as
-        in `EngineSettings.sampler_modes`, which are added) and for every batch bucket."""
+        in `EngineSettings.sampler_modes`, which are added) and for every batch bucket. With
+        `lora`, the engine serves LoRA adapters unmerged on sgl-jax's static LoRA path
+        (`engine.lora`); they start at zero until `update_weights` brings them."""
         settings = settings or EngineSettings()
         model_path = Path(model_path)
         config_file = model_path / "config.json"
@@ -106,6 +110,9 @@ class RolloutEngine:
         self._weights = None
 
         server_args = settings.server_args(str(model_path), jax.default_backend())
+        if lora is not None:
+            server_args.update(engine_lora_args(lora))
+        self.lora = lora  # the static LoRA layout served (None: no adapters)
         patches.apply(server_args)
         patches.activate(self._hooks, STOP_TIMEOUT_S)
         atexit.register(self.shutdown)
@@ -146,7 +153,7 @@ class RolloutEngine:
             raise RuntimeError(self._hooks.ended.result())
         self._scheduler = upstream.scheduler_of(engine)
         self.model_runner = upstream.model_runner_of(self._scheduler)
-        self._weights = WeightSwapper(self.model_runner, self.model_type)
+        self._weights = WeightSwapper(self.model_runner, self.model_type, self.lora)
 
     # Generation.
     def generate(
@@ -339,18 +346,16 @@ class RolloutEngine:
         self._check_open()
         return self._weights.engine_state()
 
-    def update_weights(
-        self, params: Any, lora: Any = None, lora_scaling: float | None = None
-    ) -> None:
+    def update_weights(self, params: Any, lora: Any = None) -> None:
         """Checks, then swaps in `params` (tunix nnx state or engine layout; with `lora`, the
-        base those adapters are merged into); flushes the cache.
+        frozen base those adapters apply to); flushes the cache.
 
         Mapping and checks run on the caller's thread; the swap and the prefix-cache flush run
         together on the scheduler thread while it is fully idle, so no step sees half of it.
         """
         with self._lock:
             self._check_open()
-            leaves = self._weights.prepare(params, lora, lora_scaling)
+            leaves = self._weights.prepare(params, lora)
             self._when_idle(lambda scheduler: self._swap_and_flush(scheduler, leaves))
 
     def _swap_and_flush(self, scheduler: Any, leaves: list) -> None:

@@ -12,7 +12,9 @@ missing. tunix's mapper only logs "No mapping for source key" and leaves every t
 not write at its old value; here a source parameter without a mapping, an engine parameter the
 mapping did not write (found at trace time: its output is its own input) and a non-floating
 leaf are errors. Floating leaves are cast to the engine's dtype (a float32 trainer into a
-bfloat16 engine is the usual case).
+bfloat16 engine is the usual case). A LoRA update (`engine.lora`) writes the base to the adapted
+layers' `base_layer` weights and the factors to sgl-jax's static LoRA buffers, with tunix's
+`lora_to_hf_mappings` names, in the same program.
 
 The swap itself (upstream shape at the pinned commit) is: replace
 `model_runner.model_state_leaves` with leaves of the same tree, shape, dtype and sharding
@@ -27,22 +29,24 @@ first, each split across them.
 from __future__ import annotations
 
 import gc
+import re
 from typing import Any
 
 import jax
 from flax import nnx
 
 from sgl_jax_rollout.engine.hosts import HostLocal, split_over
-from sgl_jax_rollout.engine.lora import LORA_A, LORA_B, merge_lora
+from sgl_jax_rollout.engine.lora import LORA_A, LORA_B, LoraLayout, engine_factors
 
 # config.json model_type -> tunix model package with a mapping_sglang_jax module.
 TUNIX_FAMILIES = {"qwen3": "qwen3", "qwen2": "qwen2", "llama": "llama3"}
 
 
 class WeightSwapper:
-    def __init__(self, model_runner: Any, model_type: str) -> None:
+    def __init__(self, model_runner: Any, model_type: str, lora: LoraLayout | None = None) -> None:
         self._runner = model_runner
         self._model_type = model_type
+        self._lora = lora
         self._mapper = None
         self._host_local = HostLocal(
             list(model_runner.model_state_leaves[0].sharding.mesh.devices.flat)
@@ -63,14 +67,12 @@ class WeightSwapper:
         """The engine's current parameters, in its own layout (fresh Variables, same arrays)."""
         return jax.tree_util.tree_unflatten(self._treedef, self._runner.model_state_leaves)
 
-    def prepare(
-        self, params: Any, lora: Any = None, lora_scaling: float | None = None
-    ) -> list[jax.Array]:
+    def prepare(self, params: Any, lora: Any = None) -> list[jax.Array]:
         """New leaves for the engine, checked against the current ones (raises on mismatch).
 
         With `lora` (a tunix state of qwix LoRA factors), `params` is the frozen base in tunix's
-        layout and the engine gets `base + lora_scaling * A @ B` (`engine.lora`), merged inside
-        the mapping program.
+        layout: the base goes to the adapted layers' `base_layer` weights and the factors to
+        sgl-jax's static LoRA buffers (`engine.lora.engine_factors`), in one mapping program.
         """
         try:
             leaves, treedef = jax.tree_util.tree_flatten(params)
@@ -83,11 +85,12 @@ class WeightSwapper:
         # host's copy, on the engine's devices.
         leaves, lora_leaves = self._host_local(leaves), self._host_local(lora_leaves)
         if lora is not None:
-            if lora_scaling is None:
-                raise ValueError("update_params: a LoRA update needs lora_scaling (alpha / rank)")
-            return self._checked(
-                self._from_tunix(treedef, leaves, params, (lora_def, lora_leaves, lora_scaling))
-            )
+            if self._lora is None:
+                raise ValueError(
+                    "update_params: LoRA factors for an engine started without LoRA buffers: "
+                    "build the rollout with the LoRA actor (rollout_actor=)"
+                )
+            return self._checked(self._from_tunix(treedef, leaves, params, (lora_def, lora_leaves)))
         if treedef != self._treedef:
             leaves = self._from_tunix(treedef, leaves, params)
         return self._checked(leaves)
@@ -116,26 +119,25 @@ class WeightSwapper:
             model_config = self._runner.model_config
             num_kv_heads = model_config.get_total_num_kv_heads()
             head_dim = model_config.head_dim
+            base_mappings = _served_by_base_layers(
+                config.to_hf_mappings, [n for n, _ in _dotted(self.engine_state())]
+            )
+            if self._lora is not None and not config.lora_to_hf_mappings:
+                raise ValueError(
+                    f"update_params: tunix ships no sgl-jax LoRA mapping for {family}; its "
+                    "adapters cannot reach the engine"
+                )
+            layout = self._lora
 
             treedef = self._treedef
             engine_names = _leaf_names(self.engine_state())
 
-            def transfer(
-                src_def, lora_def, src_leaves: list, lora_leaves: list, scaling, dst_leaves: list
-            ) -> list:
-                src_state = jax.tree_util.tree_unflatten(src_def, src_leaves)
-                dst_state = jax.tree_util.tree_unflatten(treedef, dst_leaves)
-                if lora_def is not None:
-                    adapters = jax.tree_util.tree_unflatten(lora_def, lora_leaves)
-                    try:
-                        src_state = merge_lora(src_state, adapters, scaling)
-                    except ValueError as err:
-                        raise WeightSyncError(str(err)) from None
+            def mapped(src_state, dst_state, mappings, transposes):
                 # tunix's own source -> target table, as its transfer builds it.
-                table_keys = tunix.build_flat_dict(dst_state.flat_state(), config.to_hf_mappings)
+                table_keys = tunix.build_flat_dict(dst_state.flat_state(), mappings)
                 unmapped = [
                     key
-                    for key in (".".join(map(str, path)) for path, _ in src_state.flat_state())
+                    for key, _ in _dotted(src_state)
                     if "rng" not in key and key not in table_keys
                 ]
                 if unmapped:
@@ -144,16 +146,29 @@ class WeightSwapper:
                         f"mapping onto the engine's {family} model: {_listed(unmapped)}"
                         + _lora_hint(unmapped)
                     )
-                out = tunix.transfer_state_with_mappings(
+                return tunix.transfer_state_with_mappings(
                     src_state=src_state,
                     dst_state=dst_state,
-                    key_mappings=config.to_hf_mappings,
+                    key_mappings=mappings,
                     key_mapping_hook_fns=config.to_hf_hook_fns,
-                    transpose_keys=config.to_hf_transpose_keys,
+                    transpose_keys=transposes,
                     rollout_engine="sglang_jax",
                     num_kv_heads=num_kv_heads,
                     head_dim=head_dim,
                 )
+
+            def transfer(src_def, lora_def, src_leaves: list, lora_leaves: list, dst_leaves: list):
+                src_state = jax.tree_util.tree_unflatten(src_def, src_leaves)
+                out = jax.tree_util.tree_unflatten(treedef, dst_leaves)
+                out = mapped(src_state, out, base_mappings, config.to_hf_transpose_keys)
+                if lora_def is not None:
+                    adapters = jax.tree_util.tree_unflatten(lora_def, lora_leaves)
+                    try:
+                        adapters = engine_factors(adapters, layout)
+                    except ValueError as err:
+                        raise WeightSyncError(str(err)) from None
+                    # Already in the buffers' layout (`engine_factors`): no transposes.
+                    out = mapped(adapters, out, config.lora_to_hf_mappings, {})
                 out_leaves = jax.tree_util.tree_leaves(out)
                 # A target tunix did not write comes back as its own input tracer.
                 unwritten = [
@@ -172,20 +187,19 @@ class WeightSwapper:
             # land on the engine's shardings: one copy of the weights per update. Flat leaf
             # lists in and out keep the per-call dispatch cheap.
             shardings = [x.sharding for x in self._runner.model_state_leaves]
-            # The tree structures and the LoRA scaling (fixed per rollout) are static: no
-            # host-to-device transfer, which tunix's CPU transfer guard forbids.
-            self._mapper = jax.jit(transfer, static_argnums=(0, 1, 4), out_shardings=shardings)
+            # The tree structures are static: no host-to-device transfer, which tunix's CPU
+            # transfer guard forbids.
+            self._mapper = jax.jit(transfer, static_argnums=(0, 1), out_shardings=shardings)
         # tunix calls gc.collect() while tracing: a full collection over everything jax and
         # sgl-jax allocated (~270 ms). Frozen objects are skipped; unfreeze right after.
         gc.freeze()
         try:
-            lora_def, lora_leaves, scaling = lora or (None, [], 0.0)
+            lora_def, lora_leaves = lora or (None, [])
             return self._mapper(
                 src_def,
                 lora_def,
                 self._on_engine_devices(src_leaves),
                 self._on_engine_devices(lora_leaves),
-                float(scaling),
                 self._runner.model_state_leaves,
             )
         except WeightSyncError:
@@ -257,9 +271,26 @@ def _lora_hint(keys: list[str]) -> str:
     if any(key.endswith((LORA_A, LORA_B)) for key in keys):
         return (
             ". These are LoRA factors: pass them as update_params(lora_state, (nnx.LoRAParam,)) "
-            "on a rollout built with the LoRA actor (rollout_actor=) and lora_scaling="
+            "on a rollout built with the LoRA actor (rollout_actor=)"
         )
     return ""
+
+
+def _served_by_base_layers(mappings: dict, engine_names: list[str]) -> dict:
+    """tunix's mapping with each target that sgl-jax's static LoRA wraps (`q_proj.weight` served
+    as `q_proj.base_layer.weight`, sgl-jax `srt/lora/layers.py` `BaseLayerWithLoRA`) renamed."""
+    names = "\n".join(engine_names)
+    out = {}
+    for source, (target, sharding) in mappings.items():
+        head, _, last = target.rpartition(".")
+        wrapped = f"{head}.base_layer.{last}"
+        pattern = re.escape(wrapped).replace(r"\*", r"\d+")
+        out[source] = (wrapped if re.search(f"^{pattern}$", names, re.M) else target, sharding)
+    return out
+
+
+def _dotted(state: Any) -> list[tuple[str, Any]]:
+    return [(".".join(map(str, path)), v) for path, v in state.flat_state()]
 
 
 def _leaf_names(tree: Any) -> list[str]:

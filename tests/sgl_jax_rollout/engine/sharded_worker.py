@@ -107,8 +107,8 @@ def program_memory(rollout, state):
     src_leaves, src_def = jax.tree_util.tree_flatten(state)
     moved = weights._on_engine_devices(src_leaves)
     dst = weights._runner.model_state_leaves
-    # The mapping program's arguments: tree, LoRA tree (none), leaves, LoRA leaves, scaling, dst.
-    program = weights._mapper.lower(src_def, None, moved, [], 0.0, dst)
+    # The mapping program's arguments: tree, LoRA tree (none), leaves, LoRA leaves, dst.
+    program = weights._mapper.lower(src_def, None, moved, [], dst)
     stats = program.compile().memory_analysis()
     return {
         "temp_bytes": int(stats.temp_size_in_bytes),
