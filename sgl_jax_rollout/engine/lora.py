@@ -74,27 +74,24 @@ def lora_layout(actor: Any, lora_scaling: float | None) -> LoraLayout | None:
         return None
     ranks = {target: pair[LORA_A].shape[-1] for target, pair in factors.items()}
     rules = provider_rules(actor)
-    scalings = {}
-    for target, rank in ranks.items():
-        if rules is not None:
-            scalings[target] = _rule_scaling(rules, target, rank)
-        elif lora_scaling is None:
+    if rules is None:
+        if lora_scaling is None:
             raise ValueError(
                 "the LoRA actor carries no qwix LoraProvider rules to read alpha from: pass "
                 "SglangJaxRollout(lora_scaling=alpha / rank)"
             )
-        else:
-            scalings[target] = float(lora_scaling)
-    if rules is None and len(set(ranks.values())) > 1:
-        mix = ", ".join(f"{t} rank {r}" for t, r in sorted(ranks.items())[:4])
-        raise ValueError(
-            f"LoRA adapters of different ranks ({mix}, ...) and no qwix rules on the actor: one "
-            "lora_scaling cannot be alpha / rank for all of them; build the actor with "
-            "qwix.apply_lora_to_model so each module's alpha can be read"
-        )
-    if rules is not None and lora_scaling is not None:
+        if len(set(ranks.values())) > 1:
+            mix = ", ".join(f"{t} rank {r}" for t, r in sorted(ranks.items())[:4])
+            raise ValueError(
+                f"LoRA adapters of different ranks ({mix}, ...) and no qwix rules on the actor: "
+                "one lora_scaling cannot be alpha / rank for all of them; build the actor with "
+                "qwix.apply_lora_to_model so each module's alpha can be read"
+            )
+        scalings = {target: float(lora_scaling) for target in ranks}
+    else:
+        scalings = {target: _rule_scaling(rules, target, rank) for target, rank in ranks.items()}
         for target, scaling in sorted(scalings.items()):
-            if abs(scaling - lora_scaling) > 1e-9 * scaling:
+            if lora_scaling is not None and abs(scaling - lora_scaling) > 1e-9 * scaling:
                 raise ValueError(
                     f"lora_scaling={lora_scaling} contradicts the actor's qwix rules ({target}: "
                     f"alpha / rank = {scaling}); leave lora_scaling unset to take the rules'"

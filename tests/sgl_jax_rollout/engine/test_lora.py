@@ -18,6 +18,7 @@ from flax import nnx
 from sgl_jax_rollout.engine.lora import (
     LORA_A,
     LORA_B,
+    LoraLayout,
     engine_factors,
     lora_layout,
     lora_names,
@@ -101,7 +102,7 @@ def test_engine_layout_computes_what_the_qwix_model_computes(mixed):
     np.testing.assert_allclose(logits(base, tokens), expected, atol=2e-4, rtol=0)
     # Not vacuous: one scaling for every module (what one lora_scaling served) moves the
     # logits far past the tolerance.
-    uniform = lora_layout(adapted, None).__class__(
+    uniform = LoraLayout(
         rank=8, modules=layout.modules, scalings=tuple((t, 1.0) for t, _ in layout.scalings)
     )
     wrong = engine_factors(state.filter(nnx.LoRAParam), uniform)
@@ -150,7 +151,7 @@ def test_factors_that_do_not_fit_are_refused_by_name(mixed):
     b.value = jnp.zeros((3, *b.value.shape[1:]), b.value.dtype)
     with pytest.raises(ValueError, match=r"k_proj\.w \(\(64, 8\) x \(3, .* do not pair"):
         engine_factors(wrong, layout)
-    other = layout.__class__(rank=8, modules=("q_proj",), scalings=layout.scalings[:1])
+    other = LoraLayout(rank=8, modules=("q_proj",), scalings=layout.scalings[:1])
     with pytest.raises(
         ValueError, match=r"adapt layers\.0\.attn\.[a-z]+_proj\.w, which the rollout"
     ):
