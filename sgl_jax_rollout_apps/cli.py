@@ -276,7 +276,7 @@ def _compare(args: argparse.Namespace) -> int:
 
 def _add_variant_flags(parser: argparse.ArgumentParser) -> None:
     """The GRPO / EGPO variant flags shared by `demo` and `compare`."""
-    from tunix_adapter.off_policy import LEVELS, MODES
+    from tunix_adapter.off_policy import LEVELS, MODES, REJECTIONS
 
     parser.add_argument(
         "--is-correction",
@@ -298,6 +298,14 @@ def _add_variant_flags(parser: argparse.ArgumentParser) -> None:
         help="mask corrections: lower bound of the ratio, in [0, 1] (default 1 / upper)",
     )
     parser.add_argument(
+        "--is-rejection",
+        choices=REJECTIONS,
+        default=None,
+        help="mask corrections: a rejected token gets weight 0 and stays in the loss's "
+        "denominator and KL term (zero_weight: TRL, IcePop; the default), or leaves the "
+        "completion mask (response_mask: verl)",
+    )
+    parser.add_argument(
         "--top-entropy-quantile",
         type=float,
         default=None,
@@ -314,9 +322,14 @@ def _variant_fields(args: argparse.Namespace) -> dict:
             is_correction=args.is_correction,
             is_threshold=args.is_threshold,
             is_threshold_lower=args.is_threshold_lower,
+            is_rejection=args.is_rejection,
         )
-    elif args.is_threshold_lower is not None or args.is_threshold is not None:
-        raise ValueError("--is-threshold and --is-threshold-lower need --is-correction")
+    elif any(
+        x is not None for x in (args.is_threshold, args.is_threshold_lower, args.is_rejection)
+    ):
+        raise ValueError(
+            "--is-threshold, --is-threshold-lower and --is-rejection need --is-correction"
+        )
     return {name: value for name, value in fields.items() if value is not None}
 
 

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from sgl_jax_rollout_apps import compare_stats as stats
-from sgl_jax_rollout_apps.plotting import require_matplotlib, reward_and_entropy
+from sgl_jax_rollout_apps.plotting import require_matplotlib, training_curves
 from tunix_adapter.scoring import before_pad, trainer_scores
 
 log = logging.getLogger(__name__)
@@ -310,7 +310,7 @@ def _grpo(config: CompareConfig, out: Path) -> dict[str, Any]:
         demo_config = config.demo_config(name)
         cluster, learner = demo.build(demo_config)
         histories[name] = demo.train(demo_config, cluster, learner)
-    reward_and_entropy(
+    training_curves(
         histories,
         out / "compare.png",
         f"GRPO{_variant_title(config.grpo_variant)}, same seed and reward: sglang_jax vs the "

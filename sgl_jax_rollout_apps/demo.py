@@ -6,7 +6,9 @@ a task of `tasks.TASKS` on a real checkpoint, by default SmolLM2-135M-Instruct f
 runs it with each rollout on the same seeds), the training configuration of each algorithm,
 the per-step report (tqdm bar; reward mean, completion length, rollout entropy mean,
 trainer/rollout logprob difference) and the outputs in `--out DIR`:
-`metrics.jsonl` (one line per step) and `metrics.png` (reward and entropy over steps).
+`metrics.jsonl` (one line per step: every metric the learner and tunix log that step, under
+its own name, and the short names of `REPORTED`) and `metrics.png` (reward, rollout entropy
+and the trainer/rollout logprob mismatch over steps).
 Every number comes from tunix's metrics buffer, through the cluster's external logger.
 
 With one process per host (`sgl-jax-rollout launch ... -- demo --preset cpu-2host`), every
@@ -27,7 +29,7 @@ from tqdm import tqdm
 
 import tpu_configs
 from sgl_jax_rollout.utils.compiles import count_compiles
-from sgl_jax_rollout_apps.plotting import require_matplotlib, reward_and_entropy
+from sgl_jax_rollout_apps.plotting import require_matplotlib, training_curves
 
 log = logging.getLogger(__name__)
 ALGOS = ("grpo", "egpo", "ppo")
@@ -40,7 +42,7 @@ REPORTED = {
     "logp_diff_max": "rollout/trainer_logp_abs_diff_max",
     "zero_variance_group_frac": "rewards/zero_variance_group_frac",
     "forking_kept_frac": "rollout/forking_kept_token_frac",
-    "is_weight_mean": "rollout_corr/rollout_is_mean",
+    "is_weight_mean": "off_policy/weight_mean",
 }
 # Sized for the demo's batches (16 samples x (prompt + 16 tokens)) on CPU; `--preset` replaces
 # them with the preset's.
@@ -124,6 +126,9 @@ class DemoConfig:
     is_correction: str | None = None
     is_threshold: float = 2.0
     is_threshold_lower: float | None = None
+    is_rejection: str = (
+        "zero_weight"  # mask corrections: TRL's "zero_weight", verl's "response_mask"
+    )
     top_entropy_quantile: float | None = None
     engine_settings: Any = None
     preset: str | None = None  # a tpu_configs name: meshes and engine settings of that slice
@@ -183,6 +188,7 @@ class DemoConfig:
             is_correction=self.is_correction,
             is_threshold=self.is_threshold,
             is_threshold_lower=self.is_threshold_lower,
+            is_rejection=self.is_rejection,
             top_entropy_quantile=self.top_entropy_quantile,
             think_start_id=think_ids[0],
             think_end_id=think_ids[1],
@@ -217,7 +223,8 @@ def share(config: DemoConfig) -> tuple[int, int]:
 
 
 def run(config: DemoConfig) -> list[dict[str, float]]:
-    """Trains for `config.steps` global steps; returns one dict of `REPORTED` per step."""
+    """Trains for `config.steps` global steps; returns one dict per step: every metric logged,
+    by its own name and by the short names of `REPORTED`."""
     if config.out:
         require_matplotlib()
     cluster, learner = build(config)
@@ -335,11 +342,13 @@ def train(
     def record(buffer) -> None:
         if str(buffer.mode) != str(Mode.TRAIN):
             return
-        row = {"step": len(history)}
-        for key, name in REPORTED.items():
-            if name in buffer.metrics:
-                values, op = buffer.metrics[name]
-                row[key] = float((op or np.mean)(np.asarray(values, np.float64)))
+        row: dict[str, float] = {"step": len(history)}
+        for name, (values, op) in buffer.metrics.items():
+            try:
+                row[name] = float((op or np.mean)(np.asarray(values, np.float64)))
+            except (TypeError, ValueError):  # not a number (none of the learners' metrics)
+                continue
+        row.update({key: row[name] for key, name in REPORTED.items() if name in row})
         if "reward_mean" not in row:
             return
         # Step 0 is the warm-up (the trainer's first step compiles); later steps should not.
@@ -419,7 +428,7 @@ def _ppo_rollout_metrics(cluster):
     from tunix_adapter.metrics import rollout_metrics
 
     def metric_fn(prompts, completions, rewards, advantages, **_: Any):
-        entropy = cluster.last_rollout.entropy
+        entropy = cluster.batch_rollout.entropy
         width = max(1, max(len(values) for values in entropy))
         mask = np.arange(width)[None, :] < np.array([len(values) for values in entropy])[:, None]
         return rollout_metrics(mask, right_pad_values(entropy, width))
@@ -444,7 +453,7 @@ def write_outputs(history: list[dict[str, float]], out: Path, config: DemoConfig
     with open(out / "metrics.jsonl", "w") as f:
         for row in history:
             f.write(json.dumps({**row, "algo": config.algo, "rollout": config.rollout}) + "\n")
-    reward_and_entropy(
+    training_curves(
         {config.rollout: history},
         out / "metrics.png",
         f"{config.algo.upper()} with the {config.rollout} rollout",

@@ -1,4 +1,5 @@
-"""Reward and rollout-entropy curves of training runs in one PNG (demo, compare, sweep), and
+"""Reward, rollout-entropy and trainer/rollout mismatch curves of training runs in one PNG
+(demo, compare, sweep), and
 a task run's held-out accuracy, reward and step time per rollout (`demo --task`).
 
 Owns the applications' only matplotlib use. matplotlib comes with the `apps` extra
@@ -21,14 +22,15 @@ def require_matplotlib() -> None:
         ) from err
 
 
-def reward_and_entropy(histories: dict[str, list[dict]], path: Path, title: str) -> None:
-    """Two stacked panels over the step: reward mean, rollout entropy mean (NaN where a run
-    has none); one line per named history, with a legend when there are several."""
+def training_curves(histories: dict[str, list[dict]], path: Path, title: str) -> None:
+    """Three stacked panels over the step: reward mean, rollout entropy mean, and the mean
+    |trainer - rollout| logprob of the sampled tokens (NaN where a run has none); one line per
+    named history, with a legend when there are several."""
     seed_bands({name: [history] for name, history in histories.items()}, path, title)
 
 
 def seed_bands(runs: dict[str, list[list[dict]]], path: Path, title: str) -> None:
-    """Like `reward_and_entropy`, for several seeds per named run: the mean over seeds, shaded
+    """Like `training_curves`, for several seeds per named run: the mean over seeds, shaded
     between the lowest and the highest seed at each step."""
     import matplotlib
 
@@ -36,10 +38,11 @@ def seed_bands(runs: dict[str, list[list[dict]]], path: Path, title: str) -> Non
     import matplotlib.pyplot as plt
     import numpy as np
 
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
+    fig, (top, middle, bottom) = plt.subplots(3, 1, figsize=(7, 8), sharex=True)
+    panels = ((top, "reward_mean"), (middle, "entropy_mean"), (bottom, "logp_diff_mean"))
     for name, histories in runs.items():
         steps = [r["step"] for r in histories[0]]
-        for axis, key in ((top, "reward_mean"), (bottom, "entropy_mean")):
+        for axis, key in panels:
             values = np.array([[r.get(key, math.nan) for r in h] for h in histories])
             (line,) = axis.plot(steps, values.mean(0), marker="o", label=name)
             if len(histories) > 1:
@@ -50,7 +53,8 @@ def seed_bands(runs: dict[str, list[list[dict]]], path: Path, title: str) -> Non
     top.set_title(title)
     if len(runs) > 1:
         top.legend()
-    bottom.set_ylabel("rollout entropy mean")
+    middle.set_ylabel("rollout entropy mean")
+    bottom.set_ylabel("|logp trainer - rollout| mean")
     bottom.set_xlabel("step")
     fig.tight_layout()
     fig.savefig(path, dpi=100)

@@ -3,8 +3,14 @@
 Owns `RolloutCluster`, an `RLCluster` whose `generate` keeps what tunix 0.1.7's merge of
 micro-batches drops: it records each micro-batch output of the rollout while tunix's own
 `generate` runs (nothing of it is copied), and returns a `RolloutOutputWithEntropy` with the
-entropy concatenated in the same order; the last result stays in `last_rollout` for the
-learners. It also snapshots the initial policy as tunix's anchor state, so trainer-side
+entropy concatenated in the same order.
+
+tunix prepares training batches on its data thread and evaluation batches on the main thread,
+at the same time where the rollout has devices of its own: what belongs to one batch is kept
+per thread (a batch is produced on one thread, start to end). `batch_rollout` is this
+thread's last result, the one the learners read; `last_rollout` the last of any thread (for
+inspection); `answering_old_policy` makes this thread's `get_old_per_token_logps` calls answer
+from the learner. It also snapshots the initial policy as tunix's anchor state, so trainer-side
 logprobs of step 0 (`get_actor_per_token_logps`) are available before the first sync
 (`snapshot_policy`; the learners call it again where the rollout shares the actor's weights
 and tunix never syncs). With one JAX process per host, its trainer scoring takes every
@@ -17,10 +23,12 @@ process's share of the batch and gives each process its own rows back (`_per_pro
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import itertools
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -49,8 +57,45 @@ class RolloutCluster(RLCluster):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.last_rollout: RolloutOutputWithEntropy | None = None
+        self._batch = threading.local()  # rollout parts, result, old-policy answer
+        self._record_rollout_parts()
         if self._anchor_policy_state is None:
             self.snapshot_policy()
+
+    @property
+    def batch_rollout(self) -> RolloutOutputWithEntropy | None:
+        """The last result of `generate` on this thread (the batch it is producing)."""
+        return getattr(self._batch, "rollout", None)
+
+    @contextlib.contextmanager
+    def answering_old_policy(self, answer: Callable[..., Any]) -> Iterator[None]:
+        """Within it, this thread's `get_old_per_token_logps` calls are answered by `answer`."""
+        self._batch.old_policy = answer
+        try:
+            yield
+        finally:
+            self._batch.old_policy = None
+
+    def get_old_per_token_logps(self, *args: Any, **kwargs: Any):
+        answer = getattr(self._batch, "old_policy", None)
+        if answer is not None:
+            return answer(*args, **kwargs)
+        return super().get_old_per_token_logps(*args, **kwargs)
+
+    def _record_rollout_parts(self) -> None:
+        """Wraps the rollout's `generate` once: while a thread runs `generate` below, each
+        micro-batch output the rollout returns to it is kept in that thread's parts."""
+        rollout = self.rollout
+        original = rollout.generate
+
+        def recording(*a: Any, **k: Any):
+            out = original(*a, **k)
+            parts = getattr(self._batch, "parts", None)
+            if parts is not None:
+                parts.append(out)
+            return out
+
+        rollout.generate = recording
 
     def snapshot_policy(self) -> None:
         """Stores the actor's current weights as tunix's anchor state (what `sync_weights`
@@ -101,26 +146,18 @@ class RolloutCluster(RLCluster):
         return jnp.asarray(local_rows(result, prompt_tokens.shape[0]))
 
     def generate(self, prompts, *args: Any, **kwargs: Any) -> RolloutOutputWithEntropy:
-        rollout = self.rollout
-        parts = []
-        original = rollout.generate
-
-        def recording(*a: Any, **k: Any):
-            out = original(*a, **k)
-            parts.append(out)
-            return out
-
-        rollout.generate = recording  # instance attribute, removed below
+        parts = self._batch.parts = []
         try:
             merged = super().generate(prompts, *args, **kwargs)
         finally:
-            del rollout.generate
+            self._batch.parts = None
         entropy = None
         if parts and all(getattr(p, "entropy", None) is not None for p in parts):
             entropy = list(itertools.chain.from_iterable(p.entropy for p in parts))
         fields = {f.name: getattr(merged, f.name) for f in dataclasses.fields(merged)}
-        self.last_rollout = RolloutOutputWithEntropy(**fields, entropy=entropy)
-        return self.last_rollout
+        result = RolloutOutputWithEntropy(**fields, entropy=entropy)
+        self._batch.rollout = self.last_rollout = result
+        return result
 
 
 LORA_MODULES = ".*q_proj|.*k_proj|.*v_proj|.*o_proj|.*gate_proj|.*up_proj|.*down_proj"
@@ -176,7 +213,7 @@ def build_cluster(
 
     `lora` ({"rank": r, "alpha": a, "module_path": regex, "seed": s}: qwix's `LoraProvider`
     fields and the adapters' init seed) trains LoRA adapters on the actor; the rollout serves
-    the merged weights.
+    them unmerged, on the engine's LoRA path (`sgl_jax_rollout.engine.lora`).
     """
     if rollout not in ROLLOUTS:
         raise ValueError(f"rollout must be one of {ROLLOUTS}, got {rollout!r}")

@@ -10,20 +10,28 @@ Owns `RolloutGRPOConfig` (tunix's `GRPOConfig` plus the settings below) and
   pass) or from the trainer under the weights that sampled, at the rollout temperature
   (`use_rollout_logprobs=False`). tunix 0.1.7 would score them with `rollout.
   get_per_token_logps`, at temperature 1 while its loss tempers: the learner answers that call
-  itself (`_old_policy_logps`), so every path matches the loss's logprobs;
+  itself (`_old_policy_answer`), so every path matches the loss's logprobs;
 - with `is_correction` (or its shorthand `tis_cap`), sets tunix's `sampler_is_weights` from
-  the trainer-vs-rollout ratio (`off_policy.py`); with `top_entropy_quantile`, zeroes them
-  outside the batch's highest-entropy tokens (`forking.py`);
-- logs the rollout entropy, the trainer/rollout mismatch, the correction's weights, the forking
-  share and the per-prompt group metrics (`metrics.py`);
+  the trainer-vs-rollout ratio, and with `is_rejection="response_mask"` takes the rejected
+  tokens out of the example's `completion_mask` (`off_policy.py`); with
+  `top_entropy_quantile`, zeroes the weights outside the highest-entropy tokens of the global
+  batch (`forking.py`);
+- logs the rollout entropy, the trainer/rollout mismatch, the correction's ratios and weights,
+  the forking share and the per-prompt group metrics (`metrics.py`);
 - for `advantage_estimator="egpo"`, hands the think-span entropy of every sample to the
   registered estimator (`egpo.py`) while tunix computes the advantages.
+
+Everything of one batch (the rollout's result, the trainer's scores, the estimator's inputs,
+the old-policy answer) is kept per thread: tunix produces training batches on its data thread
+while its main thread produces evaluation batches, at once where the rollout has devices of
+its own.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import threading
 
 import flax
 import jax
@@ -34,7 +42,7 @@ from sgl_jax_rollout.rollout_inputs import right_pad_ids, right_pad_values
 from sgl_jax_rollout.tunix_compat import GRPOConfig, GRPOLearner, Mode, TrainExample
 from tunix_adapter import egpo, forking, metrics
 from tunix_adapter.cluster import RolloutCluster
-from tunix_adapter.off_policy import OffPolicyCorrection, correction_weights
+from tunix_adapter.off_policy import OffPolicyCorrection, apply_correction
 
 
 @flax.struct.dataclass(frozen=True)
@@ -53,6 +61,10 @@ class RolloutGRPOConfig(GRPOConfig):
     - `is_correction`: `{token,sequence,geometric}-{truncate,mask}` (`off_policy.py`), with
       `is_threshold` (upper bound, >= 1) and `is_threshold_lower` (mask only; default
       1 / upper). `tis_cap=C` is `is_correction="token-truncate", is_threshold=C`.
+    - `is_rejection` (mask corrections): `"zero_weight"` (default; TRL, IcePop: a rejected
+      token keeps its place in the loss's denominator and KL term, with weight 0) or
+      `"response_mask"` (verl: it leaves the completion mask, so normalisation, KL and
+      entropy ignore it).
     - `top_entropy_quantile`: rho in (0, 1]; only the batch's top-rho completion tokens by
       rollout entropy carry policy-gradient loss (the KL term keeps every token).
     - `pass_threshold`: a sample passes (for `rewards/pass@k`) when its reward is >= this.
@@ -62,6 +74,7 @@ class RolloutGRPOConfig(GRPOConfig):
     is_correction: str | None = None
     is_threshold: float = 2.0
     is_threshold_lower: float | None = None
+    is_rejection: str = "zero_weight"
     tis_cap: float | None = None
     top_entropy_quantile: float | None = None
     pass_threshold: float = 1.0
@@ -83,6 +96,11 @@ class RolloutGRPOConfig(GRPOConfig):
                 raise ValueError(f"tis_cap must be >= 1.0 (or None), got {self.tis_cap}")
             self.is_correction, self.is_threshold = "token-truncate", self.tis_cap
         correction = self.off_policy_correction()
+        if correction is None and self.is_rejection != "zero_weight":
+            raise ValueError(
+                f"is_rejection={self.is_rejection!r} needs a mask correction (is_correction="
+                "'{token,sequence,geometric}-mask'); is_correction is None"
+            )
         if correction is not None and correction.mode == "truncate" and self.use_rollout_logprobs:
             raise ValueError(
                 f"is_correction={correction.name!r} (or tis_cap) corrects the trainer-vs-rollout "
@@ -100,7 +118,7 @@ class RolloutGRPOConfig(GRPOConfig):
         if self.is_correction is None:
             return None
         return OffPolicyCorrection.parse(
-            self.is_correction, self.is_threshold, self.is_threshold_lower
+            self.is_correction, self.is_threshold, self.is_threshold_lower, self.is_rejection
         )
 
     def _map_onto_tunix_main(self) -> None:
@@ -145,7 +163,7 @@ class RolloutGRPOLearner(GRPOLearner):
         if not isinstance(algo_config, RolloutGRPOConfig):
             raise TypeError("algo_config must be a RolloutGRPOConfig")
         super().__init__(rl_cluster=rl_cluster, algo_config=algo_config, **kwargs)
-        self._trainer_logps: np.ndarray | None = None
+        self._batch = threading.local()  # trainer_logps, estimator_inputs: this thread's batch
 
     def _compute_rewards(self, prompts, completions, mode, **kwargs):
         # Called by tunix between generation and the advantage estimator: the moment to hand
@@ -159,16 +177,18 @@ class RolloutGRPOLearner(GRPOLearner):
             settings = cfg.egpo_settings()
             ids, mask, _, entropy = self._rollout_arrays(mode)
             h = egpo.think_span_entropy(entropy, ids, mask, settings)
-            self._estimator_inputs.enter_context(egpo.estimator_inputs(h, settings))
+            self._batch.estimator_inputs.enter_context(egpo.estimator_inputs(h, settings))
         return rewards
 
     def _generate_and_compute_advantage(
         self, training_input, mode: Mode = Mode.TRAIN
     ) -> RolloutTrainExample:
         cfg = self.algo_config
-        self._trainer_logps = None
-        with contextlib.ExitStack() as self._estimator_inputs:
-            self._estimator_inputs.enter_context(self._answering_old_policy_calls(mode))
+        self._batch.trainer_logps = None
+        with contextlib.ExitStack() as self._batch.estimator_inputs:
+            self._batch.estimator_inputs.enter_context(
+                self.rl_cluster.answering_old_policy(self._old_policy_answer(mode))
+            )
             example = super()._generate_and_compute_advantage(training_input, mode)
         ids, mask, logprobs, entropy = self._rollout_arrays(mode)
         correction = cfg.off_policy_correction()
@@ -180,30 +200,34 @@ class RolloutGRPOLearner(GRPOLearner):
         old = example.old_per_token_logps
         if cfg.use_rollout_logprobs:
             old = jnp.asarray(logprobs)
-        elif old is not None and self._trainer_logps is None:
+        elif old is not None and self._batch.trainer_logps is None:
             # tunix main scored the old policy with the trainer itself (use_rollout_logps=False)
-            self._trainer_logps = np.asarray(old, np.float32)
+            self._batch.trainer_logps = np.asarray(old, np.float32)
         trainer = None
         if correction is not None or (cfg.log_trainer_logprobs and logprobs is not None):
             trainer = self._trainer_scores(example.prompt_ids, example.completion_ids)
         weights = example.sampler_is_weights
+        loss_mask = mask
         batch_metrics = metrics.rollout_metrics(mask, entropy, logprobs, trainer)
         if trainer is not None and logprobs is not None:
             batch_metrics.update(metrics.mismatch_metrics(mask, logprobs, trainer))
         if correction is not None:
-            weights = correction_weights(
+            loss_mask, weights = apply_correction(
                 trainer, logprobs, mask, correction, ratio_in_loss=cfg.use_rollout_logprobs
             )
             batch_metrics.update(
-                metrics.correction_metrics(mask, weights, logprobs, trainer, correction)
+                metrics.correction_metrics(mask, loss_mask, weights, logprobs, trainer, correction)
             )
         if cfg.top_entropy_quantile is not None:
             kept, threshold = forking.top_entropy_mask(entropy, mask, cfg.top_entropy_quantile)
-            base = mask.astype(np.float32) if weights is None else np.asarray(weights)
+            base = loss_mask.astype(np.float32) if weights is None else np.asarray(weights)
             weights = np.where(kept, base, 0.0).astype(np.float32)
             batch_metrics.update(metrics.forking_metrics(kept, mask, threshold))
         self.rl_cluster.buffer_metrics(batch_metrics, mode=mode)
         fields = {f.name: getattr(example, f.name) for f in dataclasses.fields(example)}
+        if loss_mask is not mask:
+            completion_mask = example.completion_mask
+            fields["completion_mask"] = jnp.asarray(loss_mask, completion_mask.dtype)
         fields.update(
             old_per_token_logps=old,
             sampler_is_weights=None if weights is None else jnp.asarray(weights),
@@ -212,14 +236,12 @@ class RolloutGRPOLearner(GRPOLearner):
         )
         return RolloutTrainExample(**fields)
 
-    @contextlib.contextmanager
-    def _answering_old_policy_calls(self, mode: Mode):
+    def _old_policy_answer(self, mode: Mode):
         """tunix 0.1.7 scores the old policy (`num_iterations > 1`) with the rollout engine at
         temperature 1 (`RLCluster.get_old_per_token_logps`), while its loss tempers by the
         rollout temperature: answer that call with the old policy's logprobs as the loss sees
         them (the rollout's, or the trainer's under the sampling weights at that
         temperature), so the first iteration's ratio is 1."""
-        cluster = self.rl_cluster
 
         def old_policy_logps(prompt_tokens, completion_tokens, micro_batch_size=None):
             del micro_batch_size
@@ -229,19 +251,15 @@ class RolloutGRPOLearner(GRPOLearner):
                     return jnp.asarray(logprobs)
             return jnp.asarray(self._trainer_scores(prompt_tokens, completion_tokens))
 
-        cluster.get_old_per_token_logps = old_policy_logps  # instance attribute, removed below
-        try:
-            yield
-        finally:
-            del cluster.get_old_per_token_logps
+        return old_policy_logps
 
     def _trainer_scores(self, prompt_ids, completion_ids) -> np.ndarray:
         """The trainer's logprobs `[B, max_tokens]` of the sampled tokens under the weights that
         sampled them (tunix's anchor state), at the rollout temperature; once per batch."""
-        if self._trainer_logps is None:
+        if self._batch.trainer_logps is None:
             if not self.should_sync_weights:  # the rollout sampled with the actor's own weights
                 self.rl_cluster.snapshot_policy()
-            self._trainer_logps = np.asarray(
+            self._batch.trainer_logps = np.asarray(
                 self.rl_cluster.get_actor_per_token_logps(
                     prompt_tokens=prompt_ids,
                     completion_tokens=completion_ids,
@@ -254,12 +272,12 @@ class RolloutGRPOLearner(GRPOLearner):
                 ),
                 np.float32,
             )
-        return self._trainer_logps
+        return self._batch.trainer_logps
 
     def _rollout_arrays(self, mode: Mode):
         """(completion ids, mask, logprobs or None, entropy) `[B, max_tokens]` of the last
         rollout, right-padded (pad id / False / 0.0) the way tunix pads the completions."""
-        out = self.rl_cluster.last_rollout
+        out = self.rl_cluster.batch_rollout
         if out is None or out.entropy is None:
             raise ValueError(
                 "the rollout returned no entropy: use SglangJaxRollout (return_entropy=True) or "

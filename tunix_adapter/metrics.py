@@ -10,15 +10,19 @@ Owns the names and the arithmetic (float64, completion tokens only: padding neve
   `training/rollout_actor_probs_pearson_corr`, and verl's `rollout_corr/{kl,k3_kl,
   training_ppl,training_log_ppl,rollout_ppl,rollout_log_ppl,log_ppl_diff,log_ppl_abs_diff,
   log_ppl_diff_max,log_ppl_diff_min,ppl_ratio,chi2_token,chi2_seq}`;
-- `correction_metrics`: the applied off-policy weights, as verl (`rollout_corr/rollout_is_*`)
-  and tunix main (`sampler_is/{weight_mean,weight_max,frac_clipped_at_threshold}`) name them;
+- `correction_metrics`: the off-policy ratios before any truncation or rejection, as verl
+  computes them (`rollout_corr/rollout_is_*` for a truncation, `rollout_corr/rollout_rs_*`
+  for a mask), and what the loss applies under our own names (`off_policy/weight_mean|max|min`,
+  `off_policy/rejected_token_frac`); for `token-truncate`, tunix main's
+  `sampler_is/{weight_mean,weight_max,frac_clipped_at_threshold}` (its only variant);
 - `group_metrics`: `rewards/pass@1`, `rewards/pass@{n}`, `rewards/mean@1`, `rewards/mean@{n}`,
   `rewards/best@{n}` and `rewards/zero_variance_group_frac` over each prompt's n samples;
 - `forking_metrics`: `rollout/forking_kept_token_frac` and `rollout/forking_entropy_threshold`.
 
-Formulas follow the originals: verl's `compute_offpolicy_metrics`, `compute_is_metrics` and
+Formulas follow the originals: verl's `compute_offpolicy_metrics`, `compute_is_metrics`,
+`compute_rs_metrics` (verl 518bada21, `verl/trainer/ppo/rollout_corr_helper.py`) and
 `calculate_debug_metrics` (population statistics except `rollout_probs_diff_std` and
-`rollout_is_seq_*`, which are torch's unbiased `std`), tunix main's
+`rollout_*_seq_std`, which are torch's unbiased `std`), tunix main's
 `_sampler_trainer_agreement`; pass@k is the unbiased estimator of Chen et al. (2021).
 """
 
@@ -33,8 +37,8 @@ from jaxtyping import Bool, Float
 from tunix_adapter.off_policy import (
     LOG_RATIO_BOUND,
     OffPolicyCorrection,
-    kept_by_bounds,
-    log_ratios,
+    ratios,
+    rejected,
 )
 
 Metrics = dict[str, tuple[float, Any]]
@@ -133,58 +137,127 @@ def mismatch_metrics(
 
 def correction_metrics(
     completion_mask: Bool[np.ndarray, "b l"],
+    loss_mask: Bool[np.ndarray, "b l"],
     weights: Float[np.ndarray, "b l"],
     rollout_logprobs: Float[np.ndarray, "b l"],
     trainer_logprobs: Float[np.ndarray, "b l"],
     correction: OffPolicyCorrection,
 ) -> Metrics:
-    """Statistics of the applied weights and of the ratios outside the bounds."""
+    """The ratios as verl reports them (before truncation, over every completion token) and
+    the weights the loss applies (over the loss's mask, `loss_mask`)."""
     mask = np.asarray(completion_mask, bool)
     if not mask.any():
         return {}
-    applied = np.asarray(weights, np.float64)
-    on_mask = applied[mask]
-    high, low = kept_by_bounds(trainer_logprobs, rollout_logprobs, mask, correction)
-    rows = mask.any(-1)
-    if correction.level == "token":
-        extreme_max, extreme_min = on_mask.max(), on_mask.min()
-        frac_high, frac_low = high[mask].mean(), low[mask].mean()
-    else:  # one ratio per sequence: count sequences, as verl does
-        per_seq = log_ratios(trainer_logprobs, rollout_logprobs, mask, correction.level)
-        first = mask.argmax(-1)
-        seq_values = per_seq[np.arange(len(mask)), first][rows]
-        extreme_max = np.exp(min(seq_values.max(), LOG_RATIO_BOUND))
-        extreme_min = np.exp(seq_values.min())
-        frac_high = high.any(-1)[rows].mean()
-        frac_low = low.any(-1)[rows].mean()
-    clamped = np.clip(on_mask, 0.0, correction.upper)
+    ratio = ratios(trainer_logprobs, rollout_logprobs, mask, correction.level)
+    # verl's compute_is_metrics (a truncation; its lower bound is 1 / upper) or
+    # compute_rs_metrics (a mask), and the rejection shares of compute_rollout_rejection_mask
+    truncate = correction.mode == "truncate"
+    metrics = _verl_ratio_metrics(
+        "rollout_corr/rollout_is" if truncate else "rollout_corr/rollout_rs",
+        ratio,
+        mask,
+        trainer_logprobs,
+        rollout_logprobs,
+        correction.level,
+        correction.upper,
+        1.0 / correction.upper if truncate else correction.lower_bound,
+    )
+    if not truncate:
+        out = rejected(ratio, mask, correction)
+        metrics["rollout_corr/rollout_rs_masked_fraction"] = (float(out[mask].mean()), np.mean)
+        if correction.level == "token":
+            seq_out = out.any(-1)
+        else:  # verl reads the row's keep flag, `1 - mask[:, 0]`, rows without tokens included
+            row = np.exp(
+                np.clip(
+                    _row_log_ratio(trainer_logprobs, rollout_logprobs, mask, correction.level),
+                    -LOG_RATIO_BOUND,
+                    LOG_RATIO_BOUND,
+                )
+            )
+            seq_out = (row < correction.lower_bound) | (row > correction.upper)
+        metrics["rollout_corr/rollout_rs_seq_masked_fraction"] = (
+            float(np.mean(seq_out)),
+            np.mean,
+        )
+        metrics["off_policy/rejected_token_frac"] = (float(out[mask].mean()), np.mean)
+    applied = np.asarray(weights, np.float64)[np.asarray(loss_mask, bool)]
+    if applied.size:
+        metrics["off_policy/weight_mean"] = (float(applied.mean()), np.mean)
+        metrics["off_policy/weight_max"] = (float(applied.max()), np.max)
+        metrics["off_policy/weight_min"] = (float(applied.min()), np.min)
+    if correction.name == "token-truncate":  # tunix main's sampler_is, after the clamp
+        clipped = np.minimum(ratio, correction.upper)[mask]
+        metrics["sampler_is/weight_mean"] = (float(clipped.mean()), np.mean)
+        metrics["sampler_is/weight_max"] = (float(clipped.max()), np.max)
+        metrics["sampler_is/frac_clipped_at_threshold"] = (
+            float((ratio[mask] > correction.upper).mean()),
+            np.mean,
+        )
+    return metrics
+
+
+def _row_log_ratio(trainer_logprobs, rollout_logprobs, mask, level: str) -> np.ndarray:
+    """verl's `log_ratio_for_metrics` of a per-sequence level: one unbounded value per row (the
+    sum, or the mean, of its tokens' log ratios; 0 for a row without tokens)."""
+    delta = np.where(
+        mask,
+        np.asarray(trainer_logprobs, np.float64) - np.asarray(rollout_logprobs, np.float64),
+        0.0,
+    )
+    total = delta.sum(-1)
+    return total / np.maximum(mask.sum(-1), 1) if level == "geometric" else total
+
+
+def _verl_ratio_metrics(
+    prefix: str,
+    ratio: np.ndarray,
+    mask: np.ndarray,
+    trainer_logprobs: np.ndarray,
+    rollout_logprobs: np.ndarray,
+    level: str,
+    upper: float,
+    lower: float,
+) -> Metrics:
+    """verl's statistics of the bounded ratio `w` (`compute_is_metrics` / `compute_rs_metrics`):
+    mean over completion tokens; for a per-sequence ratio, max / min / threshold shares over
+    every row from the unbounded log ratio; std and ESS of `w` clamped to `[lower, upper]`;
+    per-sequence token means and their spread."""
+    w = np.where(mask, ratio, 0.0)
+    on_mask = w[mask]
+    metrics: Metrics = {f"{prefix}_mean": (float(on_mask.mean()), np.mean)}
+    if level == "token":
+        w_max, w_min = on_mask.max(), on_mask.min()
+        high, low = (on_mask > upper).mean(), (on_mask < lower).mean()
+    else:
+        seq_log = _row_log_ratio(trainer_logprobs, rollout_logprobs, mask, level)
+        w_max, w_min = np.exp(min(seq_log.max(), LOG_RATIO_BOUND)), np.exp(seq_log.min())
+        high = (seq_log > np.log(upper)).mean()
+        low = (seq_log < np.log(lower)).mean() if lower > 0 else 0.0
+    clamped = np.clip(on_mask, lower, upper)
     std = np.sqrt(max((clamped**2).mean() - clamped.mean() ** 2, 0.0)) if on_mask.size > 1 else 0.0
-    normalised = clamped / (clamped.mean() + 1e-8)
-    ess = 1.0 / (normalised**2).mean() if clamped.any() else 0.0  # all rejected: no sample left
-    seq_mean = (np.where(mask, applied, 0.0).sum(-1) / np.maximum(mask.sum(-1), 1))[rows]
-    out_of_bounds = (high | low)[mask].mean()
-    metrics: Metrics = {
-        "rollout_corr/rollout_is_mean": (float(on_mask.mean()), np.mean),
-        "rollout_corr/rollout_is_max": (float(extreme_max), np.max),
-        "rollout_corr/rollout_is_min": (float(extreme_min), np.min),
-        "rollout_corr/rollout_is_std": (float(std), np.mean),
-        "rollout_corr/rollout_is_eff_sample_size": (float(ess), np.mean),
-        "rollout_corr/rollout_is_ratio_fraction_high": (float(frac_high), np.mean),
-        "rollout_corr/rollout_is_ratio_fraction_low": (float(frac_low), np.mean),
-        "rollout_corr/rollout_is_seq_mean": (float(seq_mean.mean()), np.mean),
-        "rollout_corr/rollout_is_seq_std": (
-            float(seq_mean.std(ddof=1)) if seq_mean.size > 1 else 0.0,
-            np.mean,
-        ),
-        "sampler_is/weight_mean": (float(on_mask.mean()), np.mean),
-        "sampler_is/weight_max": (float(on_mask.max()), np.max),
-        "sampler_is/frac_clipped_at_threshold": (
-            float(high[mask].mean() if correction.mode == "truncate" else out_of_bounds),
-            np.mean,
-        ),
-    }
-    if correction.mode == "mask":
-        metrics["rollout_corr/rollout_is_oob_ratio"] = (float(out_of_bounds), np.mean)
+    ess = 1.0 / ((clamped / (clamped.mean() + 1e-8)) ** 2).mean()
+    seq_mean = w.sum(-1) / np.maximum(mask.sum(-1), 1)  # verl's masked_mean: 0 for a bare row
+    metrics.update(
+        {
+            f"{prefix}_max": (float(w_max), np.max),
+            f"{prefix}_min": (float(w_min), np.min),
+            f"{prefix}_ratio_fraction_high": (float(high), np.mean),
+            f"{prefix}_ratio_fraction_low": (float(low), np.mean),
+            f"{prefix}_std": (float(std), np.mean),
+            f"{prefix}_eff_sample_size": (float(ess), np.mean),
+            f"{prefix}_seq_mean": (float(seq_mean.mean()), np.mean),
+            f"{prefix}_seq_std": (
+                float(seq_mean.std(ddof=1)) if seq_mean.size > 1 else 0.0,
+                np.mean,
+            ),
+            f"{prefix}_seq_max": (float(seq_mean.max()), np.max),
+            f"{prefix}_seq_min": (float(seq_mean.min()), np.min),
+            f"{prefix}_seq_max_deviation": (float(np.abs(seq_mean - 1.0).max()), np.max),
+            f"{prefix}_seq_fraction_high": (float((seq_mean > upper).mean()), np.mean),
+            f"{prefix}_seq_fraction_low": (float((seq_mean < lower).mean()), np.mean),
+        }
+    )
     return metrics
 
 

@@ -1,29 +1,40 @@
 """Off-policy correction of a rollout batch: importance weights and rejection masks.
 
-Owns `OffPolicyCorrection` (which ratio, truncated or masked, its bounds; validated) and
-`correction_weights`, the per-token factors the learner hands tunix's GRPO loss as
-`sampler_is_weights` (the loss multiplies each token's clipped policy-gradient term by it
-before aggregation; the KL term never sees it).
+Owns `OffPolicyCorrection` (which ratio, truncated or masked, its bounds, where a rejected
+token goes; validated) and `apply_correction`, which gives the learner what tunix's GRPO loss
+takes: the per-token factors `sampler_is_weights` (the loss multiplies each token's clipped
+policy-gradient term by them before aggregation; the KL term never sees them) and the
+`completion_mask` the loss aggregates over (its normalisation, the KL term and the entropy).
 
 The ratio is the trainer's probability of each sampled token under the weights that sampled it
-over the rollout's, `rho_t = exp(trainer_t - rollout_t)`, on completion tokens only. Levels:
+over the rollout's, `rho_t = exp(trainer_t - rollout_t)`, on completion tokens only, its log
+bounded to +-20 before `exp` (verl's SAFETY_BOUND). Levels:
 
 - `token`: `rho_t` per token (verl `rollout_is: token`, TRL `token_*`);
 - `sequence`: `prod_t rho_t` of the sequence, for every token of it (verl `sequence`, TRL
   `sequence_*`, NeMo-RL's sequence-level ratio);
-- `geometric`: `exp(mean_t log rho_t)`, the per-token geometric mean (verl `geometric`, SkyRL's
-  geometric-mean sequence mask).
+- `geometric`: `exp(mean_t log rho_t)`, the per-token geometric mean (verl's `geometric`
+  rejection, SkyRL's geometric-mean sequence mask).
 
 Modes, with the trainer as the old policy (`use_rollout_logprobs=False`, decoupled PPO):
 
-- `truncate`: `min(r, upper)` (TIS; verl `rollout_is_mode: truncate`, TRL `*_truncate`);
-- `mask`: `r` inside `[lower, upper]`, 0 outside (IcePop; verl `mask`, TRL `*_mask` with a lower
-  bound as well).
+- `truncate`: `min(r, upper)` (TIS; verl `rollout_is`, TRL `*_truncate`);
+- `mask`: `r` inside `[lower, upper]`, rejected outside (IcePop; verl `rollout_rs`, TRL
+  `*_mask` with a lower bound as well).
+
+Where a rejected token goes (`rejection`, mask only), the two peers differ:
+
+- `zero_weight` (default; TRL `vllm_importance_sampling_mode="*_mask"`, IcePop): its weight is
+  0, it stays in the completion mask, so in the loss's denominator, the KL term and the entropy;
+- `response_mask` (verl: `compute_rollout_correction_and_add_to_batch` sets
+  `batch["response_mask"] = response_mask * rs_mask`): it leaves the completion mask, so the
+  loss's normalisation, the KL term and the entropy ignore it; a sequence with no token left
+  drops out of a sequence mean.
 
 With the rollout's logprobs as the old policy (`use_rollout_logprobs=True`) tunix's PPO ratio
 already is `pi_theta / pi_rollout`, so it already carries `r`: `mask` then only rejects (1
-inside the bounds, 0 outside; verl's rejection sampling in bypass mode) and `truncate` is refused
-(it would correct twice).
+inside the bounds; verl's rejection sampling in bypass mode) and `truncate` is refused (it
+would correct twice).
 """
 
 from __future__ import annotations
@@ -36,6 +47,7 @@ from jaxtyping import Bool, Float
 
 LEVELS = ("token", "sequence", "geometric")
 MODES = ("truncate", "mask")
+REJECTIONS = ("zero_weight", "response_mask")
 # exp() argument bound (verl's SAFETY_BOUND, tunix's +-20 clip of the log ratio).
 LOG_RATIO_BOUND = 20.0
 
@@ -46,6 +58,7 @@ class OffPolicyCorrection:
     mode: Literal["truncate", "mask"] = "truncate"
     upper: float = 2.0
     lower: float | None = None  # mask only; None: 1 / upper (verl's default)
+    rejection: Literal["zero_weight", "response_mask"] = "zero_weight"  # mask only
 
     def __post_init__(self) -> None:
         if self.level not in LEVELS:
@@ -62,15 +75,28 @@ class OffPolicyCorrection:
                 )
             if not 0.0 <= self.lower <= 1.0:
                 raise ValueError(f"is_threshold_lower must be in [0, 1], got {self.lower}")
+        if self.rejection not in REJECTIONS:
+            raise ValueError(f"is_rejection must be one of {REJECTIONS}, got {self.rejection!r}")
+        if self.rejection != "zero_weight" and self.mode != "mask":
+            raise ValueError(
+                f"is_rejection={self.rejection!r} only applies to a mask correction (truncate "
+                f"rejects nothing), got is_correction={self.name!r}"
+            )
 
     @classmethod
-    def parse(cls, name: str, upper: float = 2.0, lower: float | None = None):
+    def parse(
+        cls,
+        name: str,
+        upper: float = 2.0,
+        lower: float | None = None,
+        rejection: str = "zero_weight",
+    ):
         """From `level-mode` (`sequence-mask`; TRL's `sequence_mask` spelling too)."""
         parts = str(name).replace("_", "-").split("-")
         choices = [f"{level}-{mode}" for level in LEVELS for mode in MODES]
         if len(parts) != 2 or parts[0] not in LEVELS or parts[1] not in MODES:
             raise ValueError(f"is_correction must be one of {choices}, got {name!r}")
-        return cls(level=parts[0], mode=parts[1], upper=upper, lower=lower)
+        return cls(level=parts[0], mode=parts[1], upper=upper, lower=lower, rejection=rejection)
 
     @property
     def name(self) -> str:
@@ -104,53 +130,58 @@ def log_ratios(
     return np.where(mask, per_token, 0.0)
 
 
-def correction_weights(
+def ratios(
+    trainer_logprobs: Float[np.ndarray, "b l"],
+    rollout_logprobs: Float[np.ndarray, "b l"],
+    completion_mask: Bool[np.ndarray, "b l"],
+    level: str,
+) -> Float[np.ndarray, "b l"]:
+    """`r` of each completion token at `level`, its log bounded to +-20 (float64, 0 off the
+    mask): verl's safety-bounded ratio, before any truncation."""
+    mask = np.asarray(completion_mask, bool)
+    log_r = log_ratios(trainer_logprobs, rollout_logprobs, mask, level)
+    return np.where(mask, np.exp(np.clip(log_r, -LOG_RATIO_BOUND, LOG_RATIO_BOUND)), 0.0)
+
+
+def rejected(
+    ratio: Float[np.ndarray, "b l"],
+    completion_mask: Bool[np.ndarray, "b l"],
+    correction: OffPolicyCorrection,
+) -> Bool[np.ndarray, "b l"]:
+    """The completion tokens a mask correction rejects (ratio outside `[lower, upper]`, as
+    verl compares: `(w >= lower) & (w <= upper)` on the bounded ratio); none for truncate."""
+    mask = np.asarray(completion_mask, bool)
+    if correction.mode != "mask":
+        return np.zeros_like(mask)
+    inside = (ratio >= correction.lower_bound) & (ratio <= correction.upper)
+    return mask & ~inside
+
+
+def apply_correction(
     trainer_logprobs: Float[np.ndarray, "b l"],
     rollout_logprobs: Float[np.ndarray, "b l"],
     completion_mask: Bool[np.ndarray, "b l"],
     correction: OffPolicyCorrection,
     ratio_in_loss: bool,
-) -> Float[np.ndarray, "b l"]:
-    """The per-token factors of `correction` (float32, 0 off the mask).
+) -> tuple[Bool[np.ndarray, "b l"], Float[np.ndarray, "b l"]]:
+    """(the loss's completion mask, the per-token weights, float32 and 0 off that mask).
 
     `ratio_in_loss`: the loss's PPO ratio is taken against the rollout's logprobs, so it
-    already carries the ratio; a mask then rejects only and a truncation is refused.
+    already carries the ratio; a mask then rejects only and a truncation is refused. With
+    `rejection="response_mask"` the rejected tokens leave the completion mask.
     """
     mask = np.asarray(completion_mask, bool)
-    ratio = np.exp(
-        np.clip(
-            log_ratios(trainer_logprobs, rollout_logprobs, mask, correction.level),
-            -LOG_RATIO_BOUND,
-            LOG_RATIO_BOUND,
+    if correction.mode == "truncate" and ratio_in_loss:
+        raise ValueError(
+            f"is_correction={correction.name!r} with use_rollout_logprobs=True would correct "
+            "twice: the loss's ratio is already taken against the rollout's logprobs. Use "
+            "a mask correction, or use_rollout_logprobs=False (the trainer as old policy)"
         )
-    )
+    ratio = ratios(trainer_logprobs, rollout_logprobs, mask, correction.level)
     if correction.mode == "truncate":
-        if ratio_in_loss:
-            raise ValueError(
-                f"is_correction={correction.name!r} with use_rollout_logprobs=True would correct "
-                "twice: the loss's ratio is already taken against the rollout's logprobs. Use "
-                "a mask correction, or use_rollout_logprobs=False (the trainer as old policy)"
-            )
         weights = np.minimum(ratio, correction.upper)
     else:
-        kept = (ratio >= correction.lower_bound) & (ratio <= correction.upper)
-        weights = np.where(kept, 1.0 if ratio_in_loss else ratio, 0.0)
-    return np.where(mask, weights, 0.0).astype(np.float32)
-
-
-def kept_by_bounds(
-    trainer_logprobs: Float[np.ndarray, "b l"],
-    rollout_logprobs: Float[np.ndarray, "b l"],
-    completion_mask: Bool[np.ndarray, "b l"],
-    correction: OffPolicyCorrection,
-) -> tuple[Bool[np.ndarray, "b l"], Bool[np.ndarray, "b l"]]:
-    """(ratio above `upper`, ratio below the lower bound) per completion token."""
-    mask = np.asarray(completion_mask, bool)
-    log_r = log_ratios(trainer_logprobs, rollout_logprobs, mask, correction.level)
-    high = mask & (log_r > np.log(correction.upper))
-    low = (
-        mask & (log_r < np.log(correction.lower_bound))
-        if correction.lower_bound > 0
-        else mask & False
-    )
-    return high, low
+        weights = np.where(rejected(ratio, mask, correction), 0.0, 1.0 if ratio_in_loss else ratio)
+    if correction.rejection == "response_mask":
+        mask = mask & ~rejected(ratio, mask, correction)
+    return mask, np.where(mask, weights, 0.0).astype(np.float32)

@@ -6,10 +6,12 @@ Owns:
   per input, sharded as tunix's `shard_input` shards (`PartitionSpec(*axes)`,
   `make_array_from_process_local_data`: process by process in mesh order);
 - `widest(width)`: the largest of every process's widths, so their shares can be padded alike;
+- `all_values(values)`: every process's 1-D values, in process order (a batch-wide statistic,
+  such as a quantile, must see them all);
 - `local_rows(array, rows)`: this process's rows of a result over the global batch, read from
   its own shards (no collective).
 
-With one process both return their input (as numpy, for `local_rows`).
+With one process each returns its input (as numpy, for `local_rows` and `all_values`).
 """
 
 from __future__ import annotations
@@ -38,6 +40,21 @@ def widest(width: int) -> int:
     from jax.experimental import multihost_utils
 
     return int(np.max(multihost_utils.process_allgather(np.asarray([width], np.int32))))
+
+
+def all_values(values: np.ndarray) -> np.ndarray:
+    """Every process's `values` (1-D, any length each), concatenated in process order. Every
+    process must call it at the same time."""
+    values = np.asarray(values)
+    if jax.process_count() == 1:
+        return values
+    from jax.experimental import multihost_utils
+
+    counts = multihost_utils.process_allgather(np.asarray([values.size], np.int32)).reshape(-1)
+    padded = np.zeros(int(counts.max()), values.dtype)
+    padded[: values.size] = values
+    gathered = multihost_utils.process_allgather(padded).reshape(len(counts), -1)
+    return np.concatenate([row[:count] for row, count in zip(gathered, counts, strict=True)])
 
 
 def local_rows(array: Any, rows: int) -> np.ndarray:

@@ -246,7 +246,8 @@ class EngineHooks:
     vocab_parallel: bool = False  # the sampler runs on vocabulary-split logits (tp > 1)
     precompiling: bool = False  # set while upstream precompiles
     slot_state: SlotState | None = None  # the sampler's device state, owned by the step thread
-    # (request ids, error) of sampler calls that failed, for the scheduler thread to fail.
+    # (the step's request ids, error) of sampler calls that failed: the scheduler thread fails
+    # them when it processes that step.
     failed_samples: collections.deque = dataclasses.field(default_factory=collections.deque)
     processing: Any = None  # (scheduler, batch) while an overlapped result is processed
     # The last decode step's (key, rows) and the last rows placed on the mesh with their
@@ -605,7 +606,8 @@ def _sample_with_slot_state(original, self, logits_output, sampling_metadata):
             raise
         # A sampler that cannot run (typically a new config that fails to compile) fails its
         # requests (on the scheduler thread, `_collect`); the step runs with neutral rows.
-        hooks.failed_samples.append((list(getattr(sampling_metadata, "rollout_rids", [])), err))
+        rids = frozenset(getattr(sampling_metadata, "rollout_rids", []))
+        hooks.failed_samples.append((rids, err))
         size = sampling_metadata.rollout_rows.size
         neutral = _with_rows(
             sampling_metadata, *_neutral_rows(hooks.valid_vocab_size, size), self.mesh
@@ -711,17 +713,13 @@ def _outputs_in_flight(original, self, logits_output, model_worker_batch, *args,
 
 
 def _collect(hooks: EngineHooks, scheduler: Any, batch: Any, out: Any) -> None:
-    """Fails the requests of sampler calls that failed, then stashes this step's values.
+    """Fails the requests of this step if its sampler failed, then stashes its values.
 
     A failure here fails the batch's requests (`_fail_requests`); the step is still processed,
     so upstream finishes them and frees their cache."""
     rows = _requests_by_row(batch)
     filled = [i for i, req in enumerate(rows) if req is not None]
-    while hooks.failed_samples:
-        rids, err = hooks.failed_samples.popleft()
-        failed = set(rids)
-        reqs = [req for req in _batch_requests(batch) if req.rid in failed]
-        _fail_requests(scheduler, reqs, hooks, "an engine step", err)
+    _fail_if_its_sampler_failed(hooks, scheduler, [rows[i] for i in filled])
     try:
         # Our outputs have every padded row (their copies started in `outputs_in_flight`):
         # gather the requests' rows. Where upstream materialised the logprobs it has
@@ -746,6 +744,22 @@ def _collect(hooks: EngineHooks, scheduler: Any, batch: Any, out: Any) -> None:
         hooks.collector.stash_step([rows[i] for i in filled], values)
     except Exception as err:
         _fail_requests(scheduler, _batch_requests(batch), hooks, "collecting sampler values", err)
+
+
+def _fail_if_its_sampler_failed(hooks: EngineHooks, scheduler: Any, reqs: list[Any]) -> None:
+    """Fails `reqs`, one step's requests, if that step's sampler call failed. A failure is
+    matched to its step by the step's request ids: with overlap the sampler of step t runs
+    while the scheduler processes step t - 1, so the next step processed is not the one that
+    failed (the batch processed is the one launched, copied: `Scheduler.event_loop_overlap`,
+    `result_queue.append((batch.copy(), result))`). A failure of a step without requests
+    fails nothing."""
+    rids = frozenset(req.rid for req in reqs)
+    for entry in list(hooks.failed_samples):
+        failed, err = entry
+        if failed == rids or not failed:
+            hooks.failed_samples.remove(entry)
+            if failed:
+                _fail_requests(scheduler, reqs, hooks, "an engine step", err)
 
 
 def _record_before_stream(original, self, reqs, *args, **kwargs):

@@ -115,6 +115,58 @@ def test_a_sampler_that_fails_to_compile_fails_its_requests_only(rollout, refere
     rollout.generate(PROMPTS, config(), top_logprobs=5)  # no failure was cached
 
 
+def test_with_overlap_a_sampler_failure_fails_the_requests_of_its_step(
+    rollout, reference, monkeypatch
+):
+    """With overlap the sampler of step t runs on the forward thread while the scheduler
+    processes step t - 1 (upstream sets `launch_done` after the forward, before sampling). A
+    call whose prompts exceed one prefill step (`max_prefill_tokens`) is prefilled in two
+    steps; a one-off failure in the second (the request it prefills, C) must fail C, whose
+    step it was, and none of the others. Charged to the first step, C would go on from a
+    neutral greedy token and the call return as if C had been sampled. The test holds the
+    processing of step t - 1 until step t's sampler has failed, the order the race takes when
+    the scheduler thread is the slower."""
+    assert rollout.engine._hooks.scheduler.enable_overlap
+    sample_step, collect = patches._sample_step, patches._collect
+    first: set = set()
+    injected, held = [], []
+
+    def failing_sample_step(sample, runner, hooks, logits_output, metadata):
+        rids = set(getattr(metadata, "rollout_rids", []))
+        if not first:
+            first.update(rids)  # the first prefill step's requests
+        elif rids - first and not injected:  # the step prefilling the rest
+            injected.append(rids - first)
+            raise ValueError("injected sampler fault")
+        return sample_step(sample, runner, hooks, logits_output, metadata)
+
+    def collect_after_the_failure(hooks, scheduler, batch, out):
+        launched = {r.rid for r in patches._batch_requests(scheduler.cur_batch or batch)}
+        processed = {r.rid for r in patches._batch_requests(batch)}
+        if first and launched - first and processed <= first and not held:
+            deadline = time.perf_counter() + 60
+            while not hooks.failed_samples and time.perf_counter() < deadline:
+                time.sleep(0.001)
+            held.append(bool(hooks.failed_samples))
+        return collect(hooks, scheduler, batch, out)
+
+    monkeypatch.setattr(patches, "_sample_step", failing_sample_step)
+    monkeypatch.setattr(patches, "_collect", collect_after_the_failure)
+    words = ["alpha", "beta", "gamma", "delta", "river", "stone", "cloud", "green", "seven"]
+    rng = np.random.default_rng(7)
+    # three prompts of about 400 tokens each, distinct (no shared prefix in the radix cache):
+    # more than one prefill step's 1024 tokens (tests/conftest.py TEST_SETTINGS)
+    prompts = [f"{i} " + " ".join(rng.choice(words, 125)) for i in range(3)]
+    with pytest.raises(
+        RuntimeError,
+        match=r"1 of 3 requests failed: an engine step failed: ValueError: injected sampler fault",
+    ):
+        rollout.generate(prompts, config(max_prompt_length=480, max_tokens_to_generate=8))
+    assert len(injected) == 1 and len(injected[0]) == 1 and held == [True], (injected, held)
+    monkeypatch.undo()
+    still_serving(rollout, reference)
+
+
 def test_a_fault_while_scoring_fails_the_scoring_call_only(rollout, reference, monkeypatch):
     out = rollout.generate(PROMPTS, config())
     width = max(len(t) for t in out.tokens)

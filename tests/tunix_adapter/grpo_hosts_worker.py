@@ -4,13 +4,17 @@ one process with 8 CPU devices or under `sgl-jax-rollout launch --processes 2
 --devices-per-process 4` (each process then samples its half of every step's prompts).
 
 Prints `RESULT {...}` (JSON): this process's index and count, its engine's devices, and per
-step the rows it sampled (prompt, tokens, logprobs, reward) and the trainer / rollout logprob
+step the rows it sampled (prompt, tokens, logprobs, reward), the trainer / rollout logprob
 difference the learner measured on them (from step 1 on, the engine samples with weights
-synced from the trainer, so that difference checks the sync).
+synced from the trainer, so that difference checks the sync), and the forking tokens
+(`top_entropy_quantile=0.5`): the entropy threshold and how many of its completion tokens
+carry loss.
 """
 
 import json
 import sys
+
+import numpy as np
 
 from sgl_jax_rollout_apps.launch import initialize_from_env
 
@@ -23,8 +27,19 @@ def main() -> None:
     from tunix_adapter.rewards import vowel_word_reward
 
     steps = int(sys.argv[1])
-    config = demo.DemoConfig(preset="cpu-2host", steps=steps, show_progress=False, seed=3)
+    config = demo.DemoConfig(
+        preset="cpu-2host", steps=steps, show_progress=False, seed=3, top_entropy_quantile=0.5
+    )
     cluster, learner = demo.build(config)
+    kept = []
+    produce = learner._generate_and_compute_advantage
+
+    def counting(*args, **kwargs):
+        example = produce(*args, **kwargs)
+        kept.append(int((np.asarray(example.sampler_is_weights) > 0).sum()))
+        return example
+
+    learner._generate_and_compute_advantage = counting
     rollout = cluster.rollout
     sampled = []
     original = cluster.generate
@@ -59,6 +74,8 @@ def main() -> None:
             ),
             "steps": sampled,
             "logp_diff_max": [row["logp_diff_max"] for row in history],
+            "forking_threshold": [row["rollout/forking_entropy_threshold"] for row in history],
+            "forking_kept": kept,
         }
         print("RESULT " + json.dumps(result), flush=True)
     finally:

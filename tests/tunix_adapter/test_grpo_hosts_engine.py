@@ -21,6 +21,10 @@ At most one row in eight may part.
 
 In both runs, every process's trainer scores its own rows within 1e-4 of its rollout at every
 step: weights synced across hosts, rows kept aligned.
+
+The run keeps forking tokens (`top_entropy_quantile=0.5`): the entropy threshold is the global
+batch's in every process (TRL gathers across ranks first), so at step 0 both hosts report the
+one-process threshold and together keep the tokens it keeps.
 """
 
 import json
@@ -95,6 +99,11 @@ def test_grpo_on_two_simulated_hosts_matches_one_process():
         assert parted <= len(got) // 8, parted
     # the groups differ between the two hosts: each sampled its own share
     assert p0["steps"][0] != p1["steps"][0]
+    # forking tokens over the global batch: one threshold, the one-process run's at step 0
+    assert p0["forking_threshold"] == p1["forking_threshold"]
+    assert p0["forking_threshold"][0] == pytest.approx(single["forking_threshold"][0], abs=1e-5)
+    kept = p0["forking_kept"][0] + p1["forking_kept"][0]
+    assert abs(kept - single["forking_kept"][0]) <= 1, (p0, p1, single)
     for result in (p0, p1, single):
         assert len(result["logp_diff_max"]) == STEPS
         assert max(result["logp_diff_max"]) <= 1e-4, result["logp_diff_max"]

@@ -8,7 +8,7 @@ import pytest
 
 from tunix_adapter import metrics
 from tunix_adapter.metrics import rollout_metrics
-from tunix_adapter.off_policy import OffPolicyCorrection, correction_weights
+from tunix_adapter.off_policy import OffPolicyCorrection, apply_correction
 
 
 def test_rollout_metrics_use_only_completion_tokens():
@@ -85,38 +85,108 @@ def test_mismatch_metrics_follow_verl_and_tunix_main():
     assert value(same, "sampler_trainer/probs_pearson_corr") == pytest.approx(1.0)
 
 
+def verl_ratio_metrics(trainer, rollout, mask, level, upper, lower):
+    """verl's `compute_is_metrics` / `compute_rs_metrics` (518bada21,
+    verl/trainer/ppo/rollout_corr_helper.py lines 196-316 and 438-550), row by row in float64:
+    the safety-bounded ratio `w` before truncation; token-weighted mean; per-sequence levels
+    take max / min / threshold shares over every row from the unbounded log ratio."""
+    rows = []
+    for i in range(mask.shape[0]):
+        positions = [t for t in range(mask.shape[1]) if mask[i, t]]
+        deltas = [float(trainer[i, t]) - float(rollout[i, t]) for t in positions]
+        rows.append((positions, deltas))
+    tokens, seq_log = [], []
+    for _, deltas in rows:
+        total = math.fsum(deltas)
+        seq_log.append(total / max(len(deltas), 1) if level == "geometric" else total)
+        for delta in deltas:
+            log_w = delta if level == "token" else seq_log[-1]
+            tokens.append(math.exp(min(max(log_w, -20.0), 20.0)))
+    w = np.array(tokens)
+    out = {"mean": w.mean()}
+    if level == "token":
+        out.update(max=w.max(), min=w.min(), high=np.mean(w > upper), low=np.mean(w < lower))
+    else:
+        out.update(
+            max=math.exp(min(max(seq_log), 20.0)),
+            min=math.exp(min(seq_log)),
+            high=np.mean([v > math.log(upper) for v in seq_log]),
+            low=np.mean([v < math.log(lower) for v in seq_log]),
+        )
+    clamped = np.clip(w, lower, upper)
+    out["std"] = math.sqrt(max(np.mean(clamped**2) - np.mean(clamped) ** 2, 0.0))
+    out["ess"] = 1 / np.mean((clamped / (clamped.mean() + 1e-8)) ** 2)
+    seq_mean, start = [], 0
+    for positions, _ in rows:
+        seq_mean.append(w[start : start + len(positions)].sum() / max(len(positions), 1))
+        start += len(positions)
+    seq_mean = np.array(seq_mean)
+    out.update(
+        seq_mean=seq_mean.mean(),
+        seq_std=seq_mean.std(ddof=1),
+        seq_max_deviation=np.abs(seq_mean - 1).max(),
+        seq_fraction_high=np.mean(seq_mean > upper),
+    )
+    return out
+
+
 @pytest.mark.parametrize(
-    "name", ["token-truncate", "token-mask", "sequence-mask", "geometric-truncate"]
+    "name", ["token-truncate", "sequence-truncate", "token-mask", "sequence-mask", "geometric-mask"]
 )
-def test_correction_metrics_describe_the_applied_weights(name):
+def test_correction_metrics_are_verls_before_the_clamp(name):
     mask, rollout, trainer = mismatch_batch(1)
-    upper = {"token": 1.3, "sequence": 2.5, "geometric": 1.05}[name.split("-")[0]]
+    mask[3] = False  # a row without tokens: verl counts it in the per-sequence statistics
+    upper = {"token": 1.3, "sequence": 1.2, "geometric": 1.04}[name.split("-")[0]]
     correction = OffPolicyCorrection.parse(name, upper)
-    weights = correction_weights(trainer, rollout, mask, correction, ratio_in_loss=False)
-    got = metrics.correction_metrics(mask, weights, rollout, trainer, correction)
-    w = weights[mask].astype(np.float64)
-    assert value(got, "sampler_is/weight_mean") == pytest.approx(w.mean())
-    assert value(got, "rollout_corr/rollout_is_mean") == pytest.approx(w.mean())
-    assert value(got, "sampler_is/weight_max") == pytest.approx(w.max())
-    clamped = np.clip(w, 0, correction.upper)
-    ess = 1 / np.mean((clamped / clamped.mean()) ** 2)
-    assert value(got, "rollout_corr/rollout_is_eff_sample_size") == pytest.approx(ess, rel=1e-6)
-    assert value(got, "rollout_corr/rollout_is_std") == pytest.approx(np.std(clamped))
-    if correction.level == "token":
-        ratio = np.exp(trainer - rollout)[mask]
-        high, low = ratio > correction.upper, ratio < correction.lower_bound
-    else:  # counted per sequence
-        log_r = [np.sum(trainer[i][mask[i]] - rollout[i][mask[i]]) for i in range(len(mask))]
-        if correction.level == "geometric":
-            log_r = [v / mask[i].sum() for i, v in enumerate(log_r)]
-        ratio = np.exp(log_r)
-        high, low = ratio > correction.upper, ratio < correction.lower_bound
-        assert value(got, "rollout_corr/rollout_is_max") == pytest.approx(ratio.max())
-    assert value(got, "rollout_corr/rollout_is_ratio_fraction_high") == pytest.approx(high.mean())
-    assert value(got, "rollout_corr/rollout_is_ratio_fraction_low") == pytest.approx(low.mean())
-    assert high.any() or low.any()  # the bounds bite in this batch
+    loss_mask, weights = apply_correction(trainer, rollout, mask, correction, ratio_in_loss=False)
+    got = metrics.correction_metrics(mask, loss_mask, weights, rollout, trainer, correction)
+    prefix = (
+        "rollout_corr/rollout_is" if correction.mode == "truncate" else "rollout_corr/rollout_rs"
+    )
+    want = verl_ratio_metrics(
+        trainer, rollout, mask, correction.level, upper, correction.lower_bound
+    )
+    for key, name_part in [
+        ("mean", "mean"),
+        ("max", "max"),
+        ("min", "min"),
+        ("high", "ratio_fraction_high"),
+        ("low", "ratio_fraction_low"),
+        ("std", "std"),
+        ("ess", "eff_sample_size"),
+        ("seq_mean", "seq_mean"),
+        ("seq_std", "seq_std"),
+        ("seq_max_deviation", "seq_max_deviation"),
+        ("seq_fraction_high", "seq_fraction_high"),
+    ]:
+        assert value(got, f"{prefix}_{name_part}") == pytest.approx(want[key], rel=1e-9), key
+    other = (
+        "rollout_corr/rollout_rs" if correction.mode == "truncate" else "rollout_corr/rollout_is"
+    )
+    assert not any(k.startswith(other) for k in got)
+    assert want["high"] > 0  # the bounds bite in this batch...
+    if correction.level == "token":  # ...so verl's max is above the threshold: not clamped
+        assert value(got, f"{prefix}_max") > upper
+    applied = weights[loss_mask].astype(np.float64)
+    assert value(got, "off_policy/weight_mean") == pytest.approx(applied.mean())
+    assert value(got, "off_policy/weight_max") == pytest.approx(applied.max())
+    assert applied.max() <= upper * (1 + 1e-6)
     if correction.mode == "mask":
-        assert value(got, "rollout_corr/rollout_is_oob_ratio") == pytest.approx(np.mean(w == 0))
+        rejected = mask & (weights == 0)
+        assert value(got, "rollout_corr/rollout_rs_masked_fraction") == pytest.approx(
+            rejected[mask].mean()
+        )
+        # mask mode's mean is the ratio's, zeros of rejected tokens not averaged in
+        assert value(got, f"{prefix}_mean") != pytest.approx(weights[mask].mean())
+    assert ("sampler_is/weight_mean" in got) == (name == "token-truncate")
+    if name == "token-truncate":  # tunix main's figures, after the clamp
+        ratio = np.exp(trainer - rollout)[mask]
+        assert value(got, "sampler_is/weight_mean") == pytest.approx(
+            np.minimum(ratio, upper).mean()
+        )
+        assert value(got, "sampler_is/frac_clipped_at_threshold") == pytest.approx(
+            np.mean(ratio > upper)
+        )
 
 
 def test_group_metrics_per_prompt():

@@ -9,7 +9,7 @@ import pytest
 
 from tunix_adapter import forking
 from tunix_adapter.learners import RolloutGRPOConfig
-from tunix_adapter.off_policy import OffPolicyCorrection, correction_weights
+from tunix_adapter.off_policy import OffPolicyCorrection, apply_correction
 
 LEVELS = ("token", "sequence", "geometric")
 
@@ -51,7 +51,8 @@ def reference(trainer, rollout, mask, level, mode, upper, lower, ratio_in_loss):
 def test_weights_match_the_formula_of_each_variant(level, mode, upper, lower):
     trainer, rollout, mask = batch()
     correction = OffPolicyCorrection(level=level, mode=mode, upper=upper, lower=lower)
-    got = correction_weights(trainer, rollout, mask, correction, ratio_in_loss=False)
+    loss_mask, got = apply_correction(trainer, rollout, mask, correction, ratio_in_loss=False)
+    np.testing.assert_array_equal(loss_mask, mask)  # zero_weight: every token stays
     want = reference(trainer, rollout, mask, level, mode, upper, lower or 1 / upper, False)
     assert got.dtype == np.float32
     np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-7)
@@ -69,12 +70,12 @@ def test_weights_match_the_formula_of_each_variant(level, mode, upper, lower):
 def test_a_mask_with_rollout_logprobs_as_old_policy_rejects_only(level, upper):
     trainer, rollout, mask = batch(1)
     correction = OffPolicyCorrection(level=level, mode="mask", upper=upper)
-    got = correction_weights(trainer, rollout, mask, correction, ratio_in_loss=True)
+    _, got = apply_correction(trainer, rollout, mask, correction, ratio_in_loss=True)
     want = reference(trainer, rollout, mask, level, "mask", upper, 1 / upper, True)
     np.testing.assert_array_equal(got, want)
     assert set(np.unique(got[mask])) == {0.0, 1.0}
     with pytest.raises(ValueError, match="correct twice"):
-        correction_weights(
+        apply_correction(
             trainer, rollout, mask, OffPolicyCorrection(level=level), ratio_in_loss=True
         )
 
@@ -86,8 +87,27 @@ def test_tis_cap_is_token_truncate():
     config = RolloutGRPOConfig(num_generations=2, use_rollout_logprobs=False, tis_cap=2.5)
     correction = config.off_policy_correction()
     assert correction == OffPolicyCorrection(level="token", mode="truncate", upper=2.5)
-    got = correction_weights(trainer, rollout, mask, correction, ratio_in_loss=False)
+    _, got = apply_correction(trainer, rollout, mask, correction, ratio_in_loss=False)
     np.testing.assert_allclose(got, [[2.0, 0.5, 2.5, 0.0]], rtol=1e-6)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("ratio_in_loss", [False, True])
+def test_response_mask_rejection_takes_rejected_tokens_out_of_the_loss_mask(level, ratio_in_loss):
+    """verl's semantics: the completion mask loses the rejected tokens; the kept ones carry
+    the same weights as with TRL's zero weights."""
+    trainer, rollout, mask = batch(2)
+    upper, lower = {"token": (1.5, 0.6), "sequence": (2.0, 0.4), "geometric": (1.1, 0.9)}[level]
+    verl = OffPolicyCorrection(level, "mask", upper, lower, rejection="response_mask")
+    trl = OffPolicyCorrection(level, "mask", upper, lower)
+    loss_mask, weights = apply_correction(trainer, rollout, mask, verl, ratio_in_loss)
+    trl_mask, trl_weights = apply_correction(trainer, rollout, mask, trl, ratio_in_loss)
+    want = reference(trainer, rollout, mask, level, "mask", upper, lower, ratio_in_loss)
+    np.testing.assert_array_equal(trl_mask, mask)
+    np.testing.assert_array_equal(loss_mask, mask & (want > 0))
+    assert 0 < loss_mask.sum() < mask.sum()  # something rejected, something kept
+    np.testing.assert_allclose(weights, np.where(loss_mask, want, 0.0), rtol=2e-6, atol=1e-7)
+    np.testing.assert_array_equal(weights, trl_weights)
 
 
 def test_parse_accepts_trl_spelling_and_names_the_choices():
@@ -114,6 +134,16 @@ def test_parse_accepts_trl_spelling_and_names_the_choices():
             "only applies to a mask",
         ),
         ({"is_correction": "tokens-mask"}, "is_correction must be one of"),
+        ({"is_correction": "token-mask", "is_rejection": "drop"}, "is_rejection must be one of"),
+        ({"is_rejection": "response_mask"}, "needs a mask correction"),
+        (
+            {
+                "is_correction": "token-truncate",
+                "is_rejection": "response_mask",
+                "use_rollout_logprobs": False,
+            },
+            "only applies to a mask correction",
+        ),
         (
             {"tis_cap": 2.0, "is_correction": "token-mask", "use_rollout_logprobs": False},
             "not both",
@@ -139,10 +169,11 @@ def test_mask_corrections_are_allowed_with_either_old_policy():
 def test_top_entropy_mask_keeps_the_top_quantile_of_completion_tokens():
     rng = np.random.default_rng(3)
     mask = rng.random((5, 40)) < 0.8
-    entropy = np.where(mask, rng.exponential(1.0, mask.shape), 99.0)  # padding is ignored
+    # float32, as the rollout returns it; padding is ignored
+    entropy = np.where(mask, rng.exponential(1.0, mask.shape), 99.0).astype(np.float32)
     for rho in (0.2, 0.5, 1.0):
         kept, threshold = forking.top_entropy_mask(entropy, mask, rho)
-        values = np.sort(entropy[mask])
+        values = np.sort(entropy[mask].astype(np.float64))
         # linear-interpolated (1 - rho) quantile, from its definition on the sorted values
         position = (1 - rho) * (len(values) - 1)
         low = int(np.floor(position))

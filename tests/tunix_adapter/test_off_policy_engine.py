@@ -29,12 +29,19 @@ VARIANTS = [
         for mode in ("truncate", "mask")
     ),
     {"use_rollout_logprobs": True, "is_correction": "sequence-mask", "is_threshold": 1.5},
+    {
+        "use_rollout_logprobs": False,
+        "is_correction": "token-mask",
+        "is_threshold": 1.5,
+        "is_rejection": "response_mask",
+    },
     {"use_rollout_logprobs": True, "top_entropy_quantile": 0.2},
     {"use_rollout_logprobs": False, "is_correction": "token-truncate", "top_entropy_quantile": 0.5},
     {"use_rollout_logprobs": True, "advantage_estimator": "egpo", "top_entropy_quantile": 0.2},
 ]
 DEFAULTS = {
     "is_correction": None,
+    "is_rejection": "zero_weight",
     "is_threshold": 2.0,
     "top_entropy_quantile": None,
     "advantage_estimator": "grpo",
@@ -63,7 +70,7 @@ def loss_logprobs(cluster, example) -> np.ndarray:
 
 def test_every_old_policy_path_and_correction_variant_in_grpo_steps(tiny_dir):
     from tunix_adapter.learners import RolloutGRPOConfig
-    from tunix_adapter.off_policy import correction_weights
+    from tunix_adapter.off_policy import apply_correction
 
     config = engine_config(
         tiny_dir,
@@ -84,7 +91,9 @@ def test_every_old_policy_path_and_correction_variant_in_grpo_steps(tiny_dir):
         for name, value in settings.items():
             setattr(learner.algo_config, name, value)
         example = produce(training_input, mode)
-        mask = np.asarray(example.completion_mask)
+        ids = np.asarray(example.completion_ids)
+        mask = ids != cluster.rollout.pad_id()  # the completion tokens
+        loss_mask = np.asarray(example.completion_mask, bool)
         current = loss_logprobs(cluster, example)
         old = np.asarray(example.old_per_token_logps, np.float64)
         rollout = np.asarray(example.rollout_logprobs, np.float64)
@@ -95,6 +104,7 @@ def test_every_old_policy_path_and_correction_variant_in_grpo_steps(tiny_dir):
                 "old_vs_loss": float(np.abs(old - current)[mask].max()),
                 "rollout_vs_loss": float(np.abs(rollout - current)[mask].max()),
                 "mask": mask,
+                "loss_mask": loss_mask,
                 "current": current,
                 "rollout": rollout,
                 "entropy": np.asarray(example.rollout_entropy, np.float64),
@@ -119,10 +129,10 @@ def test_every_old_policy_path_and_correction_variant_in_grpo_steps(tiny_dir):
             assert weights is None, settings
             continue
         assert weights.shape == mask.shape and np.all(weights[~mask] == 0), settings
-        want = mask.astype(np.float64)
+        want, want_mask = mask.astype(np.float64), mask
         if settings["is_correction"] is not None:
             cfg = RolloutGRPOConfig(num_generations=config.num_generations, **settings)
-            want = correction_weights(
+            want_mask, want = apply_correction(
                 step["current"],
                 step["rollout"],
                 mask,
@@ -136,11 +146,20 @@ def test_every_old_policy_path_and_correction_variant_in_grpo_steps(tiny_dir):
             kept = np.mean(weights[mask] > 0)
             assert abs(kept - settings["top_entropy_quantile"]) < 0.1, (kept, settings)
         # same weights and policy: the ratios are 1 within float32 noise, so every variant keeps
-        # (almost) every token at weight ~1
+        # (almost) every token at weight ~1, and in the loss's mask
         np.testing.assert_allclose(weights, want, atol=1e-3, err_msg=str(settings))
+        np.testing.assert_array_equal(step["loss_mask"], want_mask, err_msg=str(settings))
     by_step = {i: row for i, row in enumerate(history)}
     corrected = [i for i, v in enumerate(VARIANTS) if "is_correction" in v]
     assert all(by_step[i]["is_weight_mean"] == pytest.approx(1.0, abs=1e-3) for i in corrected)
+    # every metric the learner logs reaches the history, under its own name
+    assert all(
+        by_step[i]["off_policy/weight_mean"] == by_step[i]["is_weight_mean"] for i in corrected
+    )
+    truncated = [
+        i for i, v in enumerate(VARIANTS) if v.get("is_correction", "").endswith("truncate")
+    ]
+    assert all("rollout_corr/rollout_is_max" in by_step[i] for i in truncated)
     forked = [i for i, v in enumerate(VARIANTS) if "top_entropy_quantile" in v]
     assert all(0 < by_step[i]["forking_kept_frac"] < 0.6 for i in forked)
     assert all("zero_variance_group_frac" in row for row in history)

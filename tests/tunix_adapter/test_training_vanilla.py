@@ -4,6 +4,8 @@ Runs in CI (no sgl_jax): the trainer-side wiring (cluster, learner, EGPO estimat
 on the same learner code the engine tests use with SglangJaxRollout.
 """
 
+import json
+
 import numpy as np
 import pytest
 
@@ -40,7 +42,26 @@ def test_two_steps_on_the_vanilla_rollout(algo, tis_cap, model_dir, tmp_path):
     assert history[0]["logp_diff_max"] < 1e-4
     assert all(0 < row["entropy_mean"] < np.log(1024) for row in history)
     assert (tmp_path / "metrics.png").stat().st_size > 0
-    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert len(lines) == 2
+    # every metric the learner logged, under its own name, beside the short names
+    logged = {
+        "rollout/entropy_mean",
+        "rollout/entropy_p90",
+        "sampler_trainer/logp_diff_mean",
+        "rollout_corr/kl",
+        "rewards/pass@1",
+        f"rewards/pass@{config.num_generations}",
+    }
+    if tis_cap is not None:
+        logged |= {
+            "rollout_corr/rollout_is_max",
+            "sampler_is/weight_mean",
+            "off_policy/weight_mean",
+        }
+    for line in lines:
+        assert logged <= set(line), logged - set(line)
+        assert line["logp_diff_mean"] == line["rollout/trainer_logp_abs_diff_mean"]
     # The advantages are the configured estimator's, on this batch's rewards (and entropy).
     example, rollout = examples[-1], cluster.last_rollout
     rewards = np.asarray(vowel_word_reward(None, rollout.text))
@@ -87,3 +108,82 @@ def test_cluster_keeps_entropy_in_order_across_rollout_micro_batches(model_dir):
         assert split.tokens[i].tolist() == whole.tokens[i].tolist()
         assert len(split.entropy[i]) == len(split.tokens[i]) == len(split.logprobs[i])
         np.testing.assert_allclose(split.entropy[i], whole.entropy[i], atol=1e-4)
+
+
+def test_two_batches_produced_at_once_keep_their_own_rows(model_dir):
+    """tunix prepares training batches on its data thread while its main thread prepares
+    evaluation batches (at once where the rollout has devices of its own). Here batch A's
+    thread stops right after its rollout returns until batch B, on another thread, is
+    complete: A's example must still carry A's rollout (entropy, logprobs) and A's trainer
+    scores, B's B's."""
+    import threading
+
+    from sgl_jax_rollout.rollout_inputs import right_pad_values
+    from sgl_jax_rollout.tunix_compat import Mode
+
+    config = demo.DemoConfig(
+        rollout="vanilla",
+        steps=1,
+        model_path=model_dir,
+        show_progress=False,
+        is_correction="token-mask",  # the trainer as old policy: its scores are checked
+    )
+    cluster, learner = demo.build(config)
+    # what `train` sets from its first batch before producing any
+    learner._rollout_micro_batch_size = learner._compute_logps_micro_batch_size = 2
+    # tunix 0.1.7 buffers an evaluation metric only after a training one (`RLCluster.
+    # buffer_metrics` reads `_buffered_train_metrics[0]`), as its loop guarantees
+    cluster.buffer_metrics({"warm_up": (0.0, np.mean)}, mode=Mode.TRAIN)
+    g = config.num_generations
+    batches = {
+        "A": {"prompts": np.repeat(np.array(demo.prompts(2, seed=1)), g)},
+        "B": {"prompts": np.repeat(np.array(demo.prompts(2, seed=2)), g)},
+    }
+    generated, examples, errors = {}, {}, []
+    b_done = threading.Event()
+    original = cluster.generate
+
+    def generate(prompts, *args, **kwargs):
+        out = original(prompts, *args, **kwargs)
+        name = threading.current_thread().name
+        generated[name] = out
+        if name == "A":
+            assert b_done.wait(600), "batch B never finished"
+        return out
+
+    cluster.generate = generate  # what tunix's learner calls for each batch
+
+    def produce(name, mode):
+        try:
+            examples[name] = learner._generate_and_compute_advantage(batches[name], mode)
+        except BaseException as err:  # reported below
+            errors.append(err)
+        finally:
+            if name == "B":
+                b_done.set()
+
+    a = threading.Thread(target=produce, args=("A", Mode.TRAIN), name="A")
+    a.start()
+    while "A" not in generated and a.is_alive():
+        a.join(0.05)
+    b = threading.Thread(target=produce, args=("B", Mode.EVAL), name="B")
+    b.start()
+    b.join(900)
+    a.join(900)
+    assert not errors, errors
+    for name in ("A", "B"):
+        example, out = examples[name], generated[name]
+        width = np.asarray(example.completion_ids).shape[1]
+        mask = np.asarray(example.completion_mask, bool)
+        np.testing.assert_array_equal(
+            np.asarray(example.rollout_entropy), right_pad_values(out.entropy, width) * mask
+        )
+        np.testing.assert_array_equal(
+            np.asarray(example.rollout_logprobs), right_pad_values(out.logprobs, width) * mask
+        )
+        # the trainer's scores are this batch's: vanilla samples with the actor's weights
+        weights = np.asarray(example.sampler_is_weights)
+        np.testing.assert_allclose(weights[mask], 1.0, atol=1e-3)
+    assert not np.array_equal(
+        np.asarray(examples["A"].rollout_entropy), np.asarray(examples["B"].rollout_entropy)
+    )
