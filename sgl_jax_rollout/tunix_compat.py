@@ -202,6 +202,15 @@ def model_module(package: str, kind: str) -> ModuleType:
         raise
 
 
+def grpo_loss(model: Any, example: Any, algo_config: Any, pad_id: int, eos_id: int) -> Any:
+    """The scalar of tunix's GRPO loss (`algo_core.grpo_loss_fn`) on `example`: 0.1.7 returns
+    `(loss, aux)`; tunix main a `LossOutput` whose `primary_loss` is a `WeightedMetric`
+    (`unreduced_sum` and `denominator`, reduced by its `compute()`)."""
+    out = __getattr__("grpo_loss_fn")(model, example, algo_config, pad_id, eos_id)
+    loss = out.primary_loss if hasattr(out, "primary_loss") else out[0]
+    return loss.compute() if hasattr(loss, "compute") else loss
+
+
 def per_token_logps_and_logits(
     graphdef: Any,
     state: Any,

@@ -113,7 +113,7 @@ def test_each_rejection_is_its_peers_loss_through_tunix(trainer, agg, level):
             old_per_token_logps=jnp.asarray(old, jnp.float32),
             sampler_is_weights=jnp.asarray(weights),
         )
-        loss, _ = tunix_compat.grpo_loss_fn(trainer, example, algo, PAD, EOS)
+        loss = tunix_compat.grpo_loss(trainer, example, algo, PAD, EOS)
         return float(loss), loss_mask, weights
 
     # the reference ratios, from the peers' formulas
