@@ -39,6 +39,7 @@ from tunix_adapter.off_policy import (
     OffPolicyCorrection,
     ratios,
     rejected,
+    row_log_ratios,
 )
 
 Metrics = dict[str, tuple[float, Any]]
@@ -167,10 +168,10 @@ def correction_metrics(
         metrics["rollout_corr/rollout_rs_masked_fraction"] = (float(out[mask].mean()), np.mean)
         if correction.level == "token":
             seq_out = out.any(-1)
-        else:  # verl reads the row's keep flag, `1 - mask[:, 0]`, rows without tokens included
+        else:  # verl reads each row's keep flag (`1 - mask[:, 0]`), rows without tokens too
             row = np.exp(
                 np.clip(
-                    _row_log_ratio(trainer_logprobs, rollout_logprobs, mask, correction.level),
+                    row_log_ratios(trainer_logprobs, rollout_logprobs, mask, correction.level),
                     -LOG_RATIO_BOUND,
                     LOG_RATIO_BOUND,
                 )
@@ -197,18 +198,6 @@ def correction_metrics(
     return metrics
 
 
-def _row_log_ratio(trainer_logprobs, rollout_logprobs, mask, level: str) -> np.ndarray:
-    """verl's `log_ratio_for_metrics` of a per-sequence level: one unbounded value per row (the
-    sum, or the mean, of its tokens' log ratios; 0 for a row without tokens)."""
-    delta = np.where(
-        mask,
-        np.asarray(trainer_logprobs, np.float64) - np.asarray(rollout_logprobs, np.float64),
-        0.0,
-    )
-    total = delta.sum(-1)
-    return total / np.maximum(mask.sum(-1), 1) if level == "geometric" else total
-
-
 def _verl_ratio_metrics(
     prefix: str,
     ratio: np.ndarray,
@@ -230,7 +219,7 @@ def _verl_ratio_metrics(
         w_max, w_min = on_mask.max(), on_mask.min()
         high, low = (on_mask > upper).mean(), (on_mask < lower).mean()
     else:
-        seq_log = _row_log_ratio(trainer_logprobs, rollout_logprobs, mask, level)
+        seq_log = row_log_ratios(trainer_logprobs, rollout_logprobs, mask, level)
         w_max, w_min = np.exp(min(seq_log.max(), LOG_RATIO_BOUND)), np.exp(seq_log.min())
         high = (seq_log > np.log(upper)).mean()
         low = (seq_log < np.log(lower)).mean() if lower > 0 else 0.0

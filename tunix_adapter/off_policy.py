@@ -107,6 +107,25 @@ class OffPolicyCorrection:
         return 1.0 / self.upper if self.lower is None else self.lower
 
 
+def row_log_ratios(
+    trainer_logprobs: Float[np.ndarray, "b l"],
+    rollout_logprobs: Float[np.ndarray, "b l"],
+    completion_mask: Bool[np.ndarray, "b l"],
+    level: str,
+) -> Float[np.ndarray, " b"]:
+    """One `log r` per row at a per-sequence level (float64): the sum (`sequence`) or the mean
+    (`geometric`) of its completion tokens' log ratios; 0 for a row without tokens."""
+    mask = np.asarray(completion_mask, bool)
+    delta = np.where(
+        mask, np.asarray(trainer_logprobs, np.float64) - np.asarray(rollout_logprobs, np.float64), 0
+    )
+    if level == "sequence":
+        return delta.sum(-1)
+    if level == "geometric":
+        return delta.sum(-1) / np.maximum(mask.sum(-1), 1)
+    raise ValueError(f"level must be 'sequence' or 'geometric' here, got {level!r}")
+
+
 def log_ratios(
     trainer_logprobs: Float[np.ndarray, "b l"],
     rollout_logprobs: Float[np.ndarray, "b l"],
@@ -115,16 +134,13 @@ def log_ratios(
 ) -> Float[np.ndarray, "b l"]:
     """`log r` of each completion token at `level` (float64, 0 off the mask)."""
     mask = np.asarray(completion_mask, bool)
-    delta = np.where(
-        mask, np.asarray(trainer_logprobs, np.float64) - np.asarray(rollout_logprobs, np.float64), 0
-    )
     if level == "token":
-        per_token = delta
-    elif level == "sequence":
-        per_token = np.broadcast_to(delta.sum(-1, keepdims=True), delta.shape)
-    elif level == "geometric":
-        count = np.maximum(mask.sum(-1, keepdims=True), 1)
-        per_token = np.broadcast_to(delta.sum(-1, keepdims=True) / count, delta.shape)
+        per_token = np.asarray(trainer_logprobs, np.float64) - np.asarray(
+            rollout_logprobs, np.float64
+        )
+    elif level in ("sequence", "geometric"):
+        rows = row_log_ratios(trainer_logprobs, rollout_logprobs, mask, level)
+        per_token = np.broadcast_to(rows[:, None], mask.shape)
     else:
         raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
     return np.where(mask, per_token, 0.0)
