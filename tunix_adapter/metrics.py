@@ -165,23 +165,19 @@ def correction_metrics(
     )
     if not truncate:
         out = rejected(ratio, mask, correction)
-        metrics["rollout_corr/rollout_rs_masked_fraction"] = (float(out[mask].mean()), np.mean)
+        token_share = float(out[mask].mean())
         if correction.level == "token":
             seq_out = out.any(-1)
         else:  # verl reads each row's keep flag (`1 - mask[:, 0]`), rows without tokens too
-            row = np.exp(
-                np.clip(
-                    row_log_ratios(trainer_logprobs, rollout_logprobs, mask, correction.level),
-                    -LOG_RATIO_BOUND,
-                    LOG_RATIO_BOUND,
-                )
-            )
-            seq_out = (row < correction.lower_bound) | (row > correction.upper)
+            log_row = row_log_ratios(trainer_logprobs, rollout_logprobs, mask, correction.level)
+            row = np.exp(np.clip(log_row, -LOG_RATIO_BOUND, LOG_RATIO_BOUND))[:, None]
+            seq_out = rejected(row, np.ones_like(row, bool), correction)[:, 0]
+        metrics["rollout_corr/rollout_rs_masked_fraction"] = (token_share, np.mean)
         metrics["rollout_corr/rollout_rs_seq_masked_fraction"] = (
             float(np.mean(seq_out)),
             np.mean,
         )
-        metrics["off_policy/rejected_token_frac"] = (float(out[mask].mean()), np.mean)
+        metrics["off_policy/rejected_token_frac"] = (token_share, np.mean)
     applied = np.asarray(weights, np.float64)[np.asarray(loss_mask, bool)]
     if applied.size:
         metrics["off_policy/weight_mean"] = (float(applied.mean()), np.mean)

@@ -194,10 +194,11 @@ def apply_correction(
             "a mask correction, or use_rollout_logprobs=False (the trainer as old policy)"
         )
     ratio = ratios(trainer_logprobs, rollout_logprobs, mask, correction.level)
+    out = rejected(ratio, mask, correction)  # none for a truncation
     if correction.mode == "truncate":
         weights = np.minimum(ratio, correction.upper)
     else:
-        weights = np.where(rejected(ratio, mask, correction), 0.0, 1.0 if ratio_in_loss else ratio)
+        weights = np.where(out, 0.0, 1.0 if ratio_in_loss else ratio)
     if correction.rejection == "response_mask":
-        mask = mask & ~rejected(ratio, mask, correction)
+        mask = mask & ~out
     return mask, np.where(mask, weights, 0.0).astype(np.float32)
