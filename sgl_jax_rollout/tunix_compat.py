@@ -191,8 +191,9 @@ def _has_member(value: Any, member: str) -> bool:
 
 
 def model_module(package: str, kind: str) -> ModuleType:
-    """tunix's `tunix.models.<package>.<kind>` (kind: `model`, `params` or
-    `mapping_sglang_jax`), with an error naming the family when this tunix lacks it."""
+    """tunix's `tunix.models.<package>.<kind>` (kind: `model`, `params`,
+    `params_safetensors` or `mapping_sglang_jax`), with an error naming the family when this
+    tunix lacks it."""
     module_name = f"tunix.models.{package}.{kind}"
     try:
         return importlib.import_module(module_name)

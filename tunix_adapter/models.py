@@ -1,7 +1,11 @@
 """Loading an HF checkpoint directory into tunix's nnx model (the trainer's copy).
 
 Owns the translation of an HF `config.json` into tunix's `ModelConfig` for the architectures
-tunix ships (qwen3, qwen2, llama) and the call to tunix's own safetensors loader. Used for the
+tunix ships (qwen3, qwen2, llama, and Gemma 2 through `tunix.models.gemma`) and the call to
+tunix's own safetensors loader. tunix's Gemma fixes what Gemma 2's config could set otherwise
+(RoPE base 10,000, norm epsilon 1e-6, query scale `head_dim ** -0.5`; `models/gemma/
+model.py:288, 420, 715`): a config that differs is refused by name, never served against a
+trainer that computes another function. Used for the
 built-in tiny model and for real checkpoints alike. Copies nothing of tunix's loaders. RoPE
 settings tunix's models ignore are applied through `tunix_adapter.rope`.
 """
@@ -40,9 +44,12 @@ def tunix_model_config(model_dir: str | Path):
 def _tunix_config_and_package(model_dir: str | Path):
     hf = _hf_config(model_dir)
     model_type = hf.get("model_type")
+    if model_type == "gemma2":
+        return _gemma2_config(hf), "gemma"
     if model_type not in _TUNIX_MODELS:
         raise ValueError(
-            f"config.json model_type must be one of {sorted(_TUNIX_MODELS)}, got {model_type!r}"
+            "config.json model_type must be one of "
+            f"{sorted([*_TUNIX_MODELS, 'gemma2'])}, got {model_type!r}"
         )
     package, tied_flag = _TUNIX_MODELS[model_type]
     model_lib = tunix_compat.model_module(package, "model")
@@ -64,8 +71,61 @@ def _tunix_config_and_package(model_dir: str | Path):
     return rope_config(package, config, hf), package
 
 
+# What tunix's Gemma computes whatever the config says (models/gemma/model.py).
+_GEMMA_FIXED = {"rope_theta": 10_000.0, "rms_norm_eps": 1e-6}
+
+
+def _gemma2_config(hf: dict[str, Any]):
+    """tunix's Gemma `ModelConfig` of a Gemma 2 config.json: sliding-window attention on the
+    layers HF marks `sliding_attention` (by default every other layer from the first), both
+    soft-caps, the post-attention and post-feed-forward norms."""
+    model_lib = tunix_compat.model_module("gemma", "model")
+    heads = hf["num_attention_heads"]
+    head_dim = hf.get("head_dim") or hf["hidden_size"] // heads
+    for key, value in _GEMMA_FIXED.items():
+        if float(hf.get(key, value)) != value:
+            raise ValueError(
+                f"config.json {key}={hf[key]}: tunix's Gemma computes with {key}={value} "
+                "only (tunix/models/gemma/model.py), so its trainer would score another model"
+            )
+    scalar = hf.get("query_pre_attn_scalar", head_dim)
+    if scalar != head_dim:
+        raise ValueError(
+            f"config.json query_pre_attn_scalar={scalar} != head_dim={head_dim}: tunix's Gemma "
+            "scales queries by head_dim ** -0.5 (tunix/models/gemma/model.py:420)"
+        )
+    if not hf.get("tie_word_embeddings", True):
+        raise ValueError("config.json tie_word_embeddings=false: tunix's Gemma ties them")
+    layers = hf["num_hidden_layers"]
+    kinds = hf.get("layer_types") or [
+        "sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(layers)
+    ]
+    attention = model_lib.AttentionType
+    return model_lib.ModelConfig(
+        num_layers=layers,
+        num_embed=hf["vocab_size"],
+        embed_dim=hf["hidden_size"],
+        hidden_dim=hf["intermediate_size"],
+        num_heads=heads,
+        head_dim=head_dim,
+        num_kv_heads=hf.get("num_key_value_heads", heads),
+        final_logit_softcap=hf.get("final_logit_softcapping"),
+        use_post_attn_norm=True,
+        use_post_ffw_norm=True,
+        attention_types=tuple(
+            attention.LOCAL_SLIDING if kind == "sliding_attention" else attention.GLOBAL
+            for kind in kinds
+        ),
+        attn_logits_soft_cap=hf.get("attn_logit_softcapping"),
+        sliding_window_size=hf.get("sliding_window"),
+    )
+
+
 def load_tunix_model(model_dir: str | Path, mesh: jax.sharding.Mesh | None = None):
     """The nnx model of `model_dir`, loaded by tunix's own safetensors loader."""
     config, package = _tunix_config_and_package(model_dir)
-    params = tunix_compat.model_module(package, "params")
+    # tunix's gemma package names its safetensors loader's module differently
+    params = tunix_compat.model_module(
+        package, "params_safetensors" if package == "gemma" else "params"
+    )
     return params.create_model_from_safe_tensors(str(model_dir), config, mesh=mesh)

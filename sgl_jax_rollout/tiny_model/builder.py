@@ -31,13 +31,11 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from sgl_jax_rollout.tiny_model.tokenizer import (
-    BOS,
-    CHAT_TEMPLATE,
-    EOS,
-    IM_START,
-    PAD,
+    GEMMA,
+    QWEN_STYLE,
     THINK_END,
     THINK_START,
+    Vocabulary,
     train_tokenizer,
 )
 
@@ -47,7 +45,10 @@ ARCHITECTURES = {
     "qwen3": ("Qwen3ForCausalLM", "qwen3"),
     "qwen2": ("Qwen2ForCausalLM", "qwen2"),
     "llama": ("LlamaForCausalLM", "llama"),
+    "gemma2": ("Gemma2ForCausalLM", "gemma2"),
 }
+# The tokenizer vocabulary of each architecture (the built-in one unless listed).
+VOCABULARIES: dict[str, Vocabulary] = {"gemma2": GEMMA}
 MIN_VOCAB = 300
 DEFAULT_VOCAB = 1024
 DTYPES = ("float32", "bfloat16")
@@ -179,6 +180,30 @@ LIKE_PRESETS: dict[str, LikePreset] = {
         head_dim=64,
         max_positions=16384,
     ),
+    "gemma-2-2b-it": LikePreset(
+        arch="gemma2",
+        hf_repo="google/gemma-2-2b-it",
+        config={
+            "rms_norm_eps": 1e-06,
+            "rope_theta": 10000.0,
+            "tie_word_embeddings": True,
+            "torch_dtype": "float32",
+            "attention_bias": False,
+            "attn_logit_softcapping": 50.0,
+            "final_logit_softcapping": 30.0,
+            "query_pre_attn_scalar": 256,
+            # 4096 in the checkpoint: the replica's window is shorter than the tests' prompts
+            # (1,024 tokens), so the alternate layers' window is exercised.
+            "sliding_window": 256,
+            "hidden_act": "gelu_pytorch_tanh",
+            "hidden_activation": "gelu_pytorch_tanh",
+            "cache_implementation": "hybrid",
+        },
+        generation={"cache_implementation": "hybrid"},
+        eos_with_bos=False,
+        head_dim=256,
+        max_positions=8192,
+    ),
 }
 
 
@@ -247,17 +272,20 @@ def make_tiny_model(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
 
-    tokenizer = train_tokenizer(vocab_size, seed)
+    vocabulary = VOCABULARIES.get(arch, QWEN_STYLE)
+    tokenizer = train_tokenizer(vocab_size, seed, vocabulary)
     vocab = max(tokenizer.get_vocab_size(), model_vocab or 0)
-    ids = {name: tokenizer.token_to_id(name) for name in (PAD, BOS, EOS, THINK_START, THINK_END)}
-    _save_tokenizer(tokenizer, out)
+    roles = {"pad": vocabulary.pad, "bos": vocabulary.bos, "eos": vocabulary.eos}
+    roles.update(think_start=THINK_START, think_end=THINK_END, end_of_turn=vocabulary.end_of_turn)
+    ids = {role: tokenizer.token_to_id(name) if name else None for role, name in roles.items()}
+    _save_tokenizer(tokenizer, vocabulary, out)
 
     if preset is None:
         config = _hf_config(arch, vocab, shape, ids)
         generation = {
-            "bos_token_id": ids[BOS],
-            "eos_token_id": [ids[EOS]],
-            "pad_token_id": ids[PAD],
+            "bos_token_id": ids["bos"],
+            "eos_token_id": [ids["eos"]],
+            "pad_token_id": ids["pad"],
             "do_sample": True,
             "temperature": 1.0,
             "top_k": -1,
@@ -307,11 +335,11 @@ def _hf_config(arch: str, vocab: int, s: TinyShape, ids: dict[str, int]) -> dict
         "rope_theta": 1_000_000.0,
         "tie_word_embeddings": False,
         "torch_dtype": "float32",
-        "bos_token_id": ids[BOS],
-        "eos_token_id": ids[EOS],
-        "pad_token_id": ids[PAD],
-        "think_start_token_id": ids[THINK_START],
-        "think_end_token_id": ids[THINK_END],
+        "bos_token_id": ids["bos"],
+        "eos_token_id": ids["eos"],
+        "pad_token_id": ids["pad"],
+        "think_start_token_id": ids["think_start"],
+        "think_end_token_id": ids["think_end"],
     }
     if arch == "qwen3":
         config["attention_bias"] = False
@@ -342,8 +370,8 @@ def _like_config(preset: LikePreset, vocab: int, s: TinyShape, ids: dict[str, in
         "initializer_range": 0.02,
         "attention_dropout": 0.0,
         "use_cache": True,
-        "bos_token_id": ids[BOS],
-        "eos_token_id": ids[EOS],
+        "bos_token_id": ids["bos"],
+        "eos_token_id": ids["eos"],
     }
     if preset.arch == "qwen3":  # q/k RMSNorm (tensors), no biases
         config.update(
@@ -359,16 +387,20 @@ def _like_config(preset: LikePreset, vocab: int, s: TinyShape, ids: dict[str, in
         )
     if preset.arch == "llama":
         config.update(attention_bias=False, mlp_bias=False, pretraining_tp=1)
+    if preset.arch == "gemma2":  # <eos> and <end_of_turn> stop, <pad> 0 (gemma-2-2b-it's)
+        config.update(eos_token_id=[ids["eos"], ids["end_of_turn"]], pad_token_id=ids["pad"])
     config.update(json.loads(json.dumps(preset.config)))  # a deep copy
     return config
 
 
 def _like_generation(preset: LikePreset, ids: dict[str, int]) -> dict:
-    generation: dict[str, Any] = {"bos_token_id": ids[BOS]}
+    generation: dict[str, Any] = {"bos_token_id": ids["bos"]}
     if preset.eos_with_bos:
-        generation.update(eos_token_id=[ids[EOS], ids[BOS]], pad_token_id=ids[PAD])
+        generation.update(eos_token_id=[ids["eos"], ids["bos"]], pad_token_id=ids["pad"])
+    elif ids["end_of_turn"] is not None:  # Gemma: <eos> and <end_of_turn>, and a pad id
+        generation.update(eos_token_id=[ids["eos"], ids["end_of_turn"]], pad_token_id=ids["pad"])
     else:
-        generation["eos_token_id"] = ids[EOS]
+        generation["eos_token_id"] = ids["eos"]
     generation.update(preset.generation)
     return generation
 
@@ -383,8 +415,11 @@ def _random_weights(
     def normal(*shape: int, std: float) -> np.ndarray:
         return (rng.standard_normal(shape) * std).astype(np.float32)
 
-    def norm_weight(size: int) -> np.ndarray:
-        return (1.0 + rng.standard_normal(size) * 0.1).astype(np.float32)
+    def norm_weight(size: int, gain: float = 1.0) -> np.ndarray:
+        # Gemma's RMSNorm scales by (1 + w): its weights sit around gain - 1, the others'
+        # around gain.
+        center = gain - 1.0 if arch == "gemma2" else gain
+        return (center + rng.standard_normal(size) * 0.1).astype(np.float32)
 
     q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim
     embed_std = s.lm_head_std if tied else 1.0
@@ -392,7 +427,11 @@ def _random_weights(
     for i in range(s.layers):
         p = f"model.layers.{i}."
         tensors[p + "input_layernorm.weight"] = norm_weight(s.hidden)
-        tensors[p + "post_attention_layernorm.weight"] = norm_weight(s.hidden)
+        # Gemma scales the input embedding by sqrt(hidden) and normalises each block's output
+        # (post norms): gains of 4 keep the blocks from being drowned by the embedding, which
+        # the tied output would otherwise copy (the next token = the current one).
+        post_gain = 4.0 if arch == "gemma2" else 1.0
+        tensors[p + "post_attention_layernorm.weight"] = norm_weight(s.hidden, post_gain)
         tensors[p + "self_attn.q_proj.weight"] = normal(q, s.hidden, std=s.hidden**-0.5)
         tensors[p + "self_attn.k_proj.weight"] = normal(kv, s.hidden, std=s.hidden**-0.5)
         tensors[p + "self_attn.v_proj.weight"] = normal(kv, s.hidden, std=s.hidden**-0.5)
@@ -404,6 +443,9 @@ def _random_weights(
         if arch == "qwen3":
             tensors[p + "self_attn.q_norm.weight"] = norm_weight(s.head_dim)
             tensors[p + "self_attn.k_norm.weight"] = norm_weight(s.head_dim)
+        if arch == "gemma2":  # norms around the feed-forward block too
+            tensors[p + "pre_feedforward_layernorm.weight"] = norm_weight(s.hidden)
+            tensors[p + "post_feedforward_layernorm.weight"] = norm_weight(s.hidden, post_gain)
         tensors[p + "mlp.gate_proj.weight"] = normal(s.intermediate, s.hidden, std=s.hidden**-0.5)
         tensors[p + "mlp.up_proj.weight"] = normal(s.intermediate, s.hidden, std=s.hidden**-0.5)
         tensors[p + "mlp.down_proj.weight"] = normal(
@@ -415,16 +457,16 @@ def _random_weights(
     return tensors
 
 
-def _save_tokenizer(tokenizer, out: Path) -> None:
+def _save_tokenizer(tokenizer, vocabulary: Vocabulary, out: Path) -> None:
     from transformers import PreTrainedTokenizerFast
 
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
-        bos_token=BOS,
-        eos_token=EOS,
-        pad_token=PAD,
-        additional_special_tokens=[IM_START, THINK_START, THINK_END],
-        chat_template=CHAT_TEMPLATE,
+        bos_token=vocabulary.bos,
+        eos_token=vocabulary.eos,
+        pad_token=vocabulary.pad,
+        additional_special_tokens=list(vocabulary.additional),
+        chat_template=vocabulary.chat_template,
         model_max_length=TinyShape().max_positions,
         padding_side="left",
         clean_up_tokenization_spaces=False,

@@ -2,7 +2,10 @@
 
 Owns the tokenizer of the built-in tiny model: special tokens (distinct pad / bos / eos, chat
 markers, `<think>` / `</think>`), a Qwen-style chat template, and a deterministic corpus that
-includes multi-byte characters (so byte-level pieces that end mid-character occur).
+includes multi-byte characters (so byte-level pieces that end mid-character occur); and the
+Gemma vocabulary's special tokens at Gemma's own ids (`GEMMA`: `<pad>` 0, `<eos>` 1, `<bos>` 2,
+`<unk>` 3, `<start_of_turn>` 106, `<end_of_turn>` 107; placeholders between), its chat template
+(no system role, `model` for the assistant) and its BOS added to every encoded text.
 Nothing is downloaded.
 
 Must not touch model weights.
@@ -10,9 +13,10 @@ Must not touch model weights.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 PAD, BOS, EOS = "<|pad|>", "<|bos|>", "<|im_end|>"
 IM_START, THINK_START, THINK_END = "<|im_start|>", "<think>", "</think>"
@@ -23,6 +27,62 @@ CHAT_TEMPLATE = (
     "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+# google/gemma-2-2b-it tokenizer_config.json's chat template.
+GEMMA_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% if messages[0]['role'] == 'system' %}"
+    "{{ raise_exception('System role not supported') }}{% endif %}"
+    "{% for message in messages %}"
+    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+    "{% endif %}{% if (message['role'] == 'assistant') %}{% set role = 'model' %}"
+    "{% else %}{% set role = message['role'] %}{% endif %}"
+    "{{ '<start_of_turn>' + role + '\\n' + message['content'] | trim + '<end_of_turn>\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{'<start_of_turn>model\\n'}}{% endif %}"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Vocabulary:
+    """A family's special tokens (in id order, first in the vocabulary) and their roles."""
+
+    special_tokens: tuple[str, ...]
+    pad: str
+    bos: str
+    eos: str
+    additional: tuple[str, ...]  # the tokenizer's additional_special_tokens
+    chat_template: str
+    add_bos: bool = False  # every encoded text starts with bos (Gemma's tokenizer)
+    end_of_turn: str | None = None  # an EOS the generation config lists beside `eos`
+
+
+QWEN_STYLE = Vocabulary(
+    special_tokens=tuple(SPECIAL_TOKENS),
+    pad=PAD,
+    bos=BOS,
+    eos=EOS,
+    additional=(IM_START, THINK_START, THINK_END),
+    chat_template=CHAT_TEMPLATE,
+)
+# Gemma 2's ids 4..105 hold <mask>, <2mass>, [@BOS@] and <unused0..98>: placeholders here.
+GEMMA = Vocabulary(
+    special_tokens=(
+        "<pad>",
+        "<eos>",
+        "<bos>",
+        "<unk>",
+        *(f"<unused{i}>" for i in range(102)),
+        "<start_of_turn>",
+        "<end_of_turn>",
+    ),
+    pad="<pad>",
+    bos="<bos>",
+    eos="<eos>",
+    additional=("<start_of_turn>", "<end_of_turn>"),
+    chat_template=GEMMA_CHAT_TEMPLATE,
+    add_bos=True,
+    end_of_turn="<end_of_turn>",
 )
 
 _WORDS = """
@@ -54,16 +114,24 @@ def training_corpus(seed: int, lines: int = 4000) -> list[str]:
     return out
 
 
-def train_tokenizer(vocab_size: int, seed: int) -> Tokenizer:
-    """A byte-level BPE with `vocab_size` entries, special tokens first (ids 0..5)."""
+def train_tokenizer(vocab_size: int, seed: int, vocabulary: Vocabulary = QWEN_STYLE) -> Tokenizer:
+    """A byte-level BPE with `vocab_size` entries, the vocabulary's special tokens first (ids
+    0..5 for the built-in one)."""
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=list(vocabulary.special_tokens),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tokenizer.train_from_iterator(training_corpus(seed), trainer=trainer)
+    if vocabulary.add_bos:
+        bos = vocabulary.bos
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A",
+            pair=f"{bos} $A {bos} $B",
+            special_tokens=[(bos, tokenizer.token_to_id(bos))],
+        )
     return tokenizer

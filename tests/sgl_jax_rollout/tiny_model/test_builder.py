@@ -236,6 +236,27 @@ REAL = {
         },
         {"temperature": 0.6, "top_p": 0.9, "do_sample": True},
     ),
+    "gemma-2-2b-it": (
+        {
+            "architectures": ["Gemma2ForCausalLM"],
+            "model_type": "gemma2",
+            "head_dim": 256,
+            "tie_word_embeddings": True,
+            "rope_theta": 10000.0,
+            "rms_norm_eps": 1e-6,
+            "attention_bias": False,
+            "attn_logit_softcapping": 50.0,
+            "final_logit_softcapping": 30.0,
+            "query_pre_attn_scalar": 256,
+            "hidden_act": "gelu_pytorch_tanh",
+            "hidden_activation": "gelu_pytorch_tanh",
+            "torch_dtype": "float32",
+            "eos_token_id": [1, 107],
+            "pad_token_id": 0,
+            "bos_token_id": 2,
+        },
+        {"bos_token_id": 2, "eos_token_id": [1, 107], "pad_token_id": 0},
+    ),
 }
 TINY_SIZES = {
     "hidden_size": 64,
@@ -272,7 +293,7 @@ def test_like_config_generation_config_and_tensors(name, like_dirs):
     directory = like_dirs[name]
     want_config, want_generation = REAL[name]
     config = json.loads((directory / "config.json").read_text())
-    for key, value in {**want_config, **TINY_SIZES}.items():
+    for key, value in {**TINY_SIZES, **want_config}.items():
         assert key in config, key
         assert config[key] == value and type(config[key]) is type(value), key
     assert config["max_position_embeddings"] >= 2048
@@ -289,7 +310,11 @@ def test_like_config_generation_config_and_tensors(name, like_dirs):
     assert ("model.layers.1.self_attn.k_norm.weight" in tensors) == (
         config["model_type"] == "qwen3"
     )
-    assert _safetensors_dtypes(directory / "model.safetensors") == {"BF16"}
+    assert ("model.layers.1.pre_feedforward_layernorm.weight" in tensors) == (
+        config["model_type"] == "gemma2"
+    )
+    stored = {"bfloat16": "BF16", "float32": "F32"}[config["torch_dtype"]]
+    assert _safetensors_dtypes(directory / "model.safetensors") == {stored}
 
 
 @pytest.mark.parametrize("name", sorted(REAL))
@@ -302,8 +327,17 @@ def test_like_special_ids_match_the_tokenizer(name, like_dirs):
     generation = json.loads((directory / "generation_config.json").read_text())
     assert len(tok) == config["vocab_size"]
     assert config["bos_token_id"] == tok.bos_token_id == generation["bos_token_id"]
-    assert config["eos_token_id"] == tok.eos_token_id
     eos = generation["eos_token_id"]
+    if name.startswith("gemma"):  # <eos> and <end_of_turn> at Gemma's ids; BOS on every text
+        end_of_turn = tok.convert_tokens_to_ids("<end_of_turn>")
+        assert config["eos_token_id"] == eos == [tok.eos_token_id, end_of_turn] == [1, 107]
+        assert tok("hi").input_ids[0] == tok.bos_token_id == 2
+        chat = tok.apply_chat_template(
+            [{"role": "user", "content": "hi"}], add_generation_prompt=True
+        )
+        assert chat.count(tok.bos_token_id) == 1
+        return
+    assert config["eos_token_id"] == tok.eos_token_id
     if name.startswith("qwen"):  # Qwen ships [<|im_end|>, <|endoftext|>] and a pad id
         assert eos == [tok.eos_token_id, tok.bos_token_id]
         assert generation["pad_token_id"] == tok.pad_token_id
