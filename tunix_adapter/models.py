@@ -19,6 +19,7 @@ from typing import Any
 import jax
 
 from sgl_jax_rollout import tunix_compat
+from tunix_adapter.gemma_window import fix_sliding_window
 from tunix_adapter.rope import fix_rope, rope_config
 
 # HF model_type -> tunix package under tunix.models, and the name of its tied-embedding flag.
@@ -45,6 +46,7 @@ def _tunix_config_and_package(model_dir: str | Path):
     hf = _hf_config(model_dir)
     model_type = hf.get("model_type")
     if model_type == "gemma2":
+        fix_sliding_window()  # tunix's window counts a left-padded row's padding
         return _gemma2_config(hf), "gemma"
     if model_type not in _TUNIX_MODELS:
         raise ValueError(
