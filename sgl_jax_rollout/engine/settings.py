@@ -176,6 +176,12 @@ class EngineSettings:
             "log_level": self.log_level,
             "disable_overlap_schedule": not self.overlap_schedule,
         }
+        if device == "cpu" or self.attention_backend == "native":
+            # sgl-jax's CPU attention writes the KV cache through `set_kv_buffer_legacy`
+            # (`layers/attention/native_backend.py:143`), which its sliding-window pool lacks
+            # (`SWAKVPool`, `mem_cache/memory_pool.py:768`): every model with a window (Gemma,
+            # Mistral) failed at its first step. One full pool; the window is the mask's.
+            args["disable_hybrid_swa_memory"] = True
         args.update(self.extra)
         args.update(FORCED)
         return args

@@ -62,3 +62,12 @@ def test_sampler_modes_are_kept_and_not_passed_to_sgl_jax():
     settings = EngineSettings(sampler_modes=[{"entropy_top_k": 8, "penalties": True}])
     assert settings.sampler_modes == ({"entropy_top_k": 8, "penalties": True},)
     assert "sampler_modes" not in settings.server_args("/m", "cpu")
+
+
+def test_the_cpu_attention_gets_one_full_kv_pool():
+    """sgl-jax's native (CPU) attention cannot write its sliding-window pool: a model with a
+    window gets the full pool there, and keeps upstream's hybrid pool on TPU's kernels."""
+    assert EngineSettings().server_args("/m", "cpu")["disable_hybrid_swa_memory"] is True
+    native = EngineSettings(attention_backend="native").server_args("/m", "tpu")
+    assert native["disable_hybrid_swa_memory"] is True
+    assert "disable_hybrid_swa_memory" not in EngineSettings().server_args("/m", "tpu")
