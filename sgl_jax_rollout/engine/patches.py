@@ -47,6 +47,14 @@ instead of raising.
 - `native_attention_per_rank`: wraps `NativeAttention.__call__` (the attention sgl-jax uses
   on CPU) so that with dp > 1 each dp rank attends over its own batch section and KV shard
   (`dp_attention.py`); upstream mixes the ranks. One dp rank: upstream runs unchanged.
+- `attention_logit_cap`: in the same wrapper, a layer's `logit_cap` (Gemma 2's
+  `attn_logit_softcapping`, 50) reaches the CPU attention. An upstream bug fix: the TPU
+  kernel soft-caps the scores (`flashattention_backend.py:723`, `soft_cap=layer.logit_cap`),
+  the native backend never reads `logit_cap` (`native_backend.py:73-113, 169-327`), so on
+  CPU Gemma 2 was served without its attention soft-cap. `forward_attention` takes no cap, so
+  the module's `jnp` is replaced by `_ScoreCappingNumpy`, which soft-caps the one score
+  einsum (`"qhd,khd->qhk"`, `native_backend.py:256`) while a capped layer is traced:
+  `cap * tanh(s * scale / cap) / scale`, which upstream then multiplies by `scale`.
 - `scheduler_of_engine`: wraps `Scheduler.__init__` to tie the scheduler to the engine that
   builds it before any of it runs, so a shutdown reaches it from any state of a start.
 - `runner_of_engine`: wraps `ModelRunner.__init__` the same way for the model runner: with
@@ -172,6 +180,7 @@ instead of raising.
 from __future__ import annotations
 
 import collections
+import contextvars
 import copy
 import dataclasses
 import faulthandler
@@ -187,6 +196,7 @@ from concurrent.futures import Future
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import zmq
 from jax.sharding import NamedSharding
@@ -337,7 +347,10 @@ def apply(server_args: Iterable[str] = ()) -> None:
         _wrap(get("Scheduler"), "recv_requests", _whole_calls)
         _wrap(get("Scheduler"), "get_new_batch_prefill", _finished_leave_first)
         _wrap(get("Scheduler"), "update_running_batch", _no_step_after_the_last)
-        _wrap(get("NativeAttention"), "__call__", per_rank_native_attention)
+        _wrap(get("NativeAttention"), "__call__", _native_attention)
+        native = upstream.module("layers.attention.native_backend")
+        if not isinstance(native.jnp, _ScoreCappingNumpy):
+            native.jnp = _ScoreCappingNumpy()
         _wrap(
             upstream.module("layers.attention.native_backend"), "forward_attention", _unpadded_heads
         )
@@ -383,6 +396,42 @@ def _llama3_scaled_frequencies(original, self, *args, **kwargs):
     original(self, *args, **kwargs)
     with jax.ensure_compile_time_eval():
         self._inv_freq_np = np.asarray(self._compute_inv_freq(self.base), np.float32)
+
+
+def _native_attention(original, self, q, k, v, layer, *args, **kwargs):
+    """native_attention_per_rank and attention_logit_cap, on upstream's CPU attention."""
+    cap = getattr(layer, "logit_cap", None)
+    if not cap:
+        return per_rank_native_attention(original, self, q, k, v, layer, *args, **kwargs)
+    scale = layer.scaling if layer.scaling is not None else 1.0 / float(layer.head_dim) ** 0.5
+    token = _SCORE_CAP.set((float(cap), float(scale)))
+    try:
+        return per_rank_native_attention(original, self, q, k, v, layer, *args, **kwargs)
+    finally:
+        _SCORE_CAP.reset(token)
+
+
+# (cap, scale) of the attention layer being traced, for `_ScoreCappingNumpy`.
+_SCORE_CAP: contextvars.ContextVar[tuple[float, float] | None] = contextvars.ContextVar(
+    "score_cap", default=None
+)
+SCORE_SUBSCRIPTS = "qhd,khd->qhk"  # upstream's attention scores, `native_backend.py:256`
+
+
+class _ScoreCappingNumpy:
+    """attention_logit_cap: `jax.numpy` as `layers.attention.native_backend` sees it, whose
+    score einsum is soft-capped while a capped layer is traced (`_SCORE_CAP`)."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(jnp, name)
+
+    def einsum(self, subscripts, *operands, **kwargs):
+        out = jnp.einsum(subscripts, *operands, **kwargs)
+        cap = _SCORE_CAP.get()
+        if cap is None or subscripts != SCORE_SUBSCRIPTS:
+            return out
+        limit, scale = cap
+        return limit * jnp.tanh(out * (scale / limit)) / scale
 
 
 def _unpadded_heads(

@@ -169,7 +169,7 @@ ATTRIBUTES: dict[str, tuple[str, ...]] = {
     ),
     "RadixAttention": (
         *("head_dim", "attn_type", "scaling", "sliding_window_size", "softmax_dtype"),
-        "layer_id",
+        *("layer_id", "logit_cap"),
     ),
     "NativeAttention": ("mesh",),
     "Llama3RotaryEmbedding": ("base", "_inv_freq_np"),
@@ -178,7 +178,7 @@ ATTRIBUTES: dict[str, tuple[str, ...]] = {
 }
 
 # Module globals a patch replaces (patches.py: sampler_class, scheduler_faulthandler,
-# engine_sockets, contained_signals).
+# engine_sockets, contained_signals, attention_logit_cap).
 MODULE_GLOBALS: dict[str, tuple[str, ...]] = {
     "model_executor.model_runner": ("Sampler",),
     "managers.scheduler": ("faulthandler", "get_zmq_socket", "psutil"),
@@ -186,7 +186,7 @@ MODULE_GLOBALS: dict[str, tuple[str, ...]] = {
     "managers.tokenizer_manager": ("get_zmq_socket",),
     "managers.tp_worker": ("psutil",),
     "managers.tp_worker_overlap_thread": ("psutil",),
-    "layers.attention.native_backend": ("forward_attention",),
+    "layers.attention.native_backend": ("forward_attention", "jnp"),
     "entrypoints.engine": ("get_zmq_socket",),
 }
 SOCKET_MODULES = tuple(m for m, names in MODULE_GLOBALS.items() if "get_zmq_socket" in names)

@@ -72,3 +72,66 @@ def test_unpadded_heads_leaves_widths_that_are_no_pool_padding():
     assert unpadded_heads(out, head_dim=128, num_heads=3) is out  # no padding
     narrow_v = jnp.zeros((2, 3 * 128))
     assert unpadded_heads(narrow_v, head_dim=192, num_heads=3) is narrow_v  # V narrower than q
+
+
+def test_attention_logit_cap_soft_caps_the_scores():
+    """`attention_logit_cap`: while a capped layer is traced, upstream's CPU attention takes
+    `cap * tanh(scores / cap)` (Gemma 2's `attn_logit_softcapping`), against float64; other
+    layers' attention is unchanged."""
+    from sgl_jax_rollout.engine import patches, upstream
+
+    patches.apply()
+    forward_attention = upstream.module("layers.attention.native_backend").forward_attention
+    mode = upstream.get("ForwardMode").EXTEND
+    rng = np.random.default_rng(2)
+    heads, kv_heads, head_dim, tokens, cap = 2, 1, 128, 9, 3.0
+    q = rng.standard_normal((tokens, heads, head_dim)).astype(np.float32) * 4
+    k = rng.standard_normal((tokens, kv_heads, head_dim)).astype(np.float32) * 4
+    v = rng.standard_normal((tokens, kv_heads, head_dim)).astype(np.float32)
+    scale = head_dim**-0.5
+
+    def reference(capped: bool) -> np.ndarray:
+        k_rep = np.repeat(k.astype(np.float64), heads // kv_heads, axis=1)
+        v_rep = np.repeat(v.astype(np.float64), heads // kv_heads, axis=1)
+        scores = np.einsum("qhd,khd->hqk", q.astype(np.float64), k_rep) * scale
+        if capped:
+            scores = cap * np.tanh(scores / cap)
+        scores = np.where(np.tril(np.ones((tokens, tokens), bool)), scores, -np.inf)
+        weights = np.exp(scores - scores.max(-1, keepdims=True))
+        weights /= weights.sum(-1, keepdims=True)
+        return np.einsum("hqk,khd->qhd", weights, v_rep).reshape(tokens, -1)
+
+    mesh = jax.make_mesh(
+        (1, 1), ("data", "tensor"), axis_types=(jax.sharding.AxisType.Explicit,) * 2
+    )
+    pad = ((1, 0), (0, 0), (0, 0))
+    k_cache, v_cache = (jnp.asarray(np.pad(x, pad)) for x in (k, v))
+
+    def attend():
+        with jax.set_mesh(mesh):
+            return np.asarray(
+                forward_attention(
+                    jnp.asarray(q),
+                    k_cache,
+                    v_cache,
+                    jnp.asarray([tokens], jnp.int32),
+                    jnp.arange(1, tokens + 1, dtype=jnp.int32),
+                    jnp.asarray([0], jnp.int32),
+                    jnp.asarray([tokens], jnp.int32),
+                    heads,
+                    kv_heads,
+                    scale=scale,
+                    is_causal=True,
+                    mode=mode,
+                    mesh=mesh,
+                )
+            )
+
+    token = patches._SCORE_CAP.set((cap, scale))
+    try:
+        capped = attend()
+    finally:
+        patches._SCORE_CAP.reset(token)
+    np.testing.assert_allclose(capped, reference(True), rtol=1e-5, atol=1e-5)
+    assert np.abs(reference(True) - reference(False)).max() > 0.1  # the cap bites here
+    np.testing.assert_allclose(attend(), reference(False), rtol=1e-5, atol=1e-5)
