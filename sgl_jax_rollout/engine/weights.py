@@ -35,6 +35,7 @@ from typing import Any
 import jax
 from flax import nnx
 
+from sgl_jax_rollout.engine.gemma_mapping import engine_params
 from sgl_jax_rollout.engine.hosts import HostLocal, split_over
 from sgl_jax_rollout.engine.lora import LORA_A, LORA_B, LoraLayout, engine_factors
 
@@ -103,6 +104,8 @@ class WeightSwapper:
     def _from_tunix(
         self, src_def: Any, src_leaves: list, params: Any, lora: tuple | None = None
     ) -> list[jax.Array]:
+        if self._model_type == "gemma2":
+            return self._from_tunix_gemma(src_def, src_leaves, lora)
         family = TUNIX_FAMILIES.get(self._model_type)
         if family is None:
             raise ValueError(
@@ -209,6 +212,45 @@ class WeightSwapper:
         finally:
             gc.unfreeze()
 
+    def _from_tunix_gemma(self, src_def: Any, src_leaves: list, lora: tuple | None) -> list:
+        """tunix's Gemma state through `engine.gemma_mapping` (tunix ships no sgl-jax mapping
+        for Gemma), with the same integrity checks: every tunix parameter known, every engine
+        parameter written."""
+        if lora is not None:
+            raise ValueError(
+                "update_params: LoRA adapters of a Gemma actor cannot reach the engine yet "
+                "(no sgl-jax LoRA mapping for tunix's Gemma einsums)"
+            )
+        if self._mapper is None:
+            engine_names = _dotted_leaf_names(self.engine_state())
+
+            def transfer(src_def, src_leaves: list, dst_leaves: list):
+                src = jax.tree_util.tree_unflatten(src_def, src_leaves)
+                mapped = engine_params(dict(zip(_dotted_leaf_names(src), src_leaves, strict=True)))
+                unknown = sorted(set(mapped) - set(engine_names))
+                missing = [n for n in engine_names if n not in mapped]
+                if unknown or missing:
+                    raise WeightSyncError(
+                        "update_params: tunix's Gemma state does not match the engine's Gemma 2 "
+                        f"parameters (not in the engine: {_listed(unknown)}; not written: "
+                        f"{_listed(missing)})"
+                    )
+                return [
+                    mapped[name].astype(old.dtype)
+                    for name, old in zip(engine_names, dst_leaves, strict=True)
+                ]
+
+            shardings = [x.sharding for x in self._runner.model_state_leaves]
+            self._mapper = jax.jit(transfer, static_argnums=(0,), out_shardings=shardings)
+        try:
+            return self._mapper(
+                src_def, self._on_engine_devices(src_leaves), self._runner.model_state_leaves
+            )
+        except WeightSyncError:
+            raise
+        except ValueError as err:
+            raise ValueError(str(err)) from err
+
     def _on_engine_devices(self, leaves: list) -> list:
         """Leaves on other devices than the engine's (a trainer on its own devices) are moved
         over first, each split across the engine's devices (`hosts.split_over`), never gathered
@@ -291,6 +333,15 @@ def _served_by_base_layers(mappings: dict, engine_names: list[str]) -> dict:
 
 def _dotted(state: Any) -> list[tuple[str, Any]]:
     return [(".".join(map(str, path)), v) for path, v in state.flat_state()]
+
+
+def _dotted_leaf_names(tree: Any) -> list[str]:
+    """Each leaf's path as dotted names (`model.layers.0.mlp.up_proj.weight`), in leaf order."""
+    names = []
+    for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        parts = [getattr(k, "key", getattr(k, "idx", getattr(k, "name", k))) for k in path]
+        names.append(".".join(str(part) for part in parts if part != "value"))
+    return names
 
 
 def _leaf_names(tree: Any) -> list[str]:

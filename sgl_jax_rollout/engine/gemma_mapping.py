@@ -1,0 +1,80 @@
+"""tunix's Gemma (Gemma 2) parameters in sgl-jax's Gemma 2 layout.
+
+Owns `engine_params`: tunix ships no sgl-jax mapping for its Gemma (0.1.7 and main at
+c7d8950f: `tunix/models/gemma/` has no `mapping_sglang_jax`), so the update of a Gemma engine
+maps here, name by name, every parameter of tunix's `Gemma` onto sgl-jax's
+`Gemma2ForCausalLM` (`srt/models/gemma2.py` at cddbf6f1, `_create_weight_mappings`: the HF
+names, linear weights stored `[in, out]`):
+
+| tunix | sgl-jax |
+|---|---|
+| `embedder.input_embedding` `[V, D]` | `model.embed_tokens.embedding` (tied: also the output) |
+| `final_norm.scale` | `model.norm.weight` |
+| `layers.i.<tunix norm>.scale` | `model.layers.i.<HF norm>.weight` (`_NORMS`) |
+| `layers.i.attn.q_einsum.w` `[N, D, H]` | `...self_attn.q_proj.weight` `[D, N * H]` |
+| `layers.i.attn.kv_einsum.w` `[2, K, D, H]` | `...self_attn.{k,v}_proj.weight` `[D, K * H]` |
+| `layers.i.attn.qkv_einsum.w` `[3, N, D, H]` (N == K) | `...self_attn.{q,k,v}_proj.weight` |
+| `layers.i.attn.attn_vec_einsum.w` `[N, H, D]` | `...self_attn.o_proj.weight` `[N * H, D]` |
+| `layers.i.mlp.{gate,up,down}_proj.kernel` | `...mlp.{gate,up,down}_proj.weight` (same layout) |
+
+Both models keep Gemma's norm weights as `w` of `x * (1 + w)`. Pure jax.numpy reshapes:
+traced into the engine's update program.
+"""
+
+from __future__ import annotations
+
+import re
+
+import jax.numpy as jnp
+from jaxtyping import Array
+
+_NORMS = {
+    "pre_attention_norm": "input_layernorm",
+    "post_attn_norm": "post_attention_layernorm",
+    "pre_ffw_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
+_LAYER = re.compile(r"layers\.(\d+)\.(.+)")
+
+
+def _by_heads(w: Array) -> Array:
+    """`[heads, D, H]` -> `[D, heads * H]`."""
+    heads, dim, head_dim = w.shape
+    return jnp.transpose(w, (1, 0, 2)).reshape(dim, heads * head_dim)
+
+
+def engine_params(tunix_params: dict[str, Array]) -> dict[str, Array]:
+    """sgl-jax's Gemma 2 parameters (dotted names) from tunix's (dotted names). Raises
+    ValueError naming a tunix parameter it does not know."""
+    out: dict[str, Array] = {}
+    for name, value in tunix_params.items():
+        if name == "embedder.input_embedding":
+            out["model.embed_tokens.embedding"] = value
+            continue
+        if name == "final_norm.scale":
+            out["model.norm.weight"] = value
+            continue
+        match = _LAYER.fullmatch(name)
+        if match is None:
+            raise ValueError(f"update_params: no sgl-jax Gemma 2 parameter for tunix's {name!r}")
+        layer, rest = match.groups()
+        p = f"model.layers.{layer}."
+        norm = rest.removesuffix(".scale")
+        if norm in _NORMS:
+            out[p + _NORMS[norm] + ".weight"] = value
+        elif rest == "attn.q_einsum.w":
+            out[p + "self_attn.q_proj.weight"] = _by_heads(value)
+        elif rest == "attn.kv_einsum.w":
+            out[p + "self_attn.k_proj.weight"] = _by_heads(value[0])
+            out[p + "self_attn.v_proj.weight"] = _by_heads(value[1])
+        elif rest == "attn.qkv_einsum.w":
+            for i, proj in enumerate(("q", "k", "v")):
+                out[p + f"self_attn.{proj}_proj.weight"] = _by_heads(value[i])
+        elif rest == "attn.attn_vec_einsum.w":
+            heads, head_dim, dim = value.shape
+            out[p + "self_attn.o_proj.weight"] = value.reshape(heads * head_dim, dim)
+        elif rest in ("mlp.gate_proj.kernel", "mlp.up_proj.kernel", "mlp.down_proj.kernel"):
+            out[p + rest.replace(".kernel", ".weight")] = value
+        else:
+            raise ValueError(f"update_params: no sgl-jax Gemma 2 parameter for tunix's {name!r}")
+    return out
