@@ -373,7 +373,18 @@ def _chat(tokenizer, text: str) -> str | None:
     if not getattr(tokenizer, "chat_template", None):
         return None
     messages = [*CHAT_OPENING, {"role": "user", "content": text}]
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    try:
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    except Exception as err:  # jinja2's TemplateError, raised by the template itself
+        if "system" not in str(err).lower():
+            raise
+    # A template without a system role (Gemma's): the system text opens the first user turn,
+    # as Gemma's model card does it.
+    system, first, *rest = messages
+    folded = {"role": "user", "content": system["content"] + "\n\n" + first["content"]}
+    return tokenizer.apply_chat_template(
+        [folded, *rest], tokenize=False, add_generation_prompt=True
+    )
 
 
 def _model_dir(config: CheckConfig) -> Path:
