@@ -46,7 +46,7 @@ from sgl_jax_rollout.tunix_compat import (
     put_params_on_memory_kind,
     reshard_model_to_mesh,
 )
-from tunix_adapter.models import load_tunix_model
+from tunix_adapter.models import load_tunix_model, vocab_size
 from tunix_adapter.process_batch import global_batch, local_rows
 from tunix_adapter.upstream_fixes import fix_sharing_check
 
@@ -253,8 +253,10 @@ def build_cluster(
 
         engine = VanillaRolloutWithEntropy
     actor = load_tunix_model(model_path, mesh)
+    # A LoRA actor, or a family whose tunix and engine models split their weights
+    # differently (Gemma's fused einsums), has another leaf count than the rollout's model.
+    fix_sharing_check()
     if lora:
-        fix_sharing_check()  # a LoRA actor has more leaves than the rollout's model
         actor = with_lora(actor, lora, mesh)
     critic = None
     if with_critic:
@@ -284,4 +286,4 @@ def _pad_safe_tokenizer(model_path: Path, actor: Any) -> Any:
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     stops = eos_ids(model_path, tokenizer.eos_token_id)
-    return pad_safe(tokenizer, actor.config.vocab_size, stops)
+    return pad_safe(tokenizer, vocab_size(actor.config), stops)

@@ -123,6 +123,11 @@ def _gemma2_config(hf: dict[str, Any]):
     )
 
 
+def vocab_size(config: Any) -> int:
+    """The model vocabulary of a tunix `ModelConfig` (Gemma's names it `num_embed`)."""
+    return int(getattr(config, "vocab_size", None) or config.num_embed)
+
+
 def load_tunix_model(model_dir: str | Path, mesh: jax.sharding.Mesh | None = None):
     """The nnx model of `model_dir`, loaded by tunix's own safetensors loader."""
     config, package = _tunix_config_and_package(model_dir)

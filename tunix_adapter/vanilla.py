@@ -29,6 +29,7 @@ from sgl_jax_rollout.tunix_compat import (
     VanillaRollout,
     per_token_logps_and_logits,
 )
+from tunix_adapter.models import vocab_size
 
 
 class VanillaRolloutWithEntropy(VanillaRollout):
@@ -39,7 +40,7 @@ class VanillaRolloutWithEntropy(VanillaRollout):
             rollout_actor,
             # tunix's sampler masks prompts by the tokenizer's pad: the same safe one as ours
             # (build_cluster's tokenizer already has it).
-            pad_safe(tokenizer, config.vocab_size, [TokenizerAdapter(tokenizer).eos_id()]),
+            pad_safe(tokenizer, vocab_size(config), [TokenizerAdapter(tokenizer).eos_id()]),
             CacheConfig(
                 cache_size=rollout_config.kv_cache_size,
                 num_layers=config.num_layers,
