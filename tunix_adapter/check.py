@@ -210,6 +210,7 @@ def lora_update_error(rollout, trainer) -> float:
 
     from flax import nnx
 
+    from sgl_jax_rollout.engine.gemma_mapping import engine_modules
     from sgl_jax_rollout.engine.lora import LORA_A, LORA_B, factor_pairs
 
     layout = rollout.engine.lora
@@ -220,13 +221,16 @@ def lora_update_error(rollout, trainer) -> float:
         rank = a.shape[-1]
         expected = layout.scaling(target) * a.reshape(-1, rank) @ b.reshape(rank, -1)
         layer, module = target.split(".")[1], target.split(".")[-2]
-        prefix = next(
-            name.removesuffix(".A_buffer")
-            for name in engine
-            if re.fullmatch(rf"model\.layers\.{layer}\.\w+\.{module}\.A_buffer", name)
-        )
-        a_buf, b_buf = (np.asarray(engine[f"{prefix}.{k}_buffer"][0], np.float64) for k in "AB")
-        served = (b_buf @ a_buf).T
+        served = []  # one tunix module may feed several engine modules (Gemma's kv_einsum)
+        for engine_module in engine_modules(module):
+            prefix = next(
+                name.removesuffix(".A_buffer")
+                for name in engine
+                if re.fullmatch(rf"model\.layers\.{layer}\.\w+\.{engine_module}\.A_buffer", name)
+            )
+            a_buf, b_buf = (np.asarray(engine[f"{prefix}.{k}_buffer"][0], np.float64) for k in "AB")
+            served.append((b_buf @ a_buf).T)
+        served = np.concatenate(served, axis=1)
         num += float(((served - expected) ** 2).sum())
         den += float((expected**2).sum())
     return (num / den) ** 0.5

@@ -160,7 +160,11 @@ class RolloutCluster(RLCluster):
         return result
 
 
-LORA_MODULES = ".*q_proj|.*k_proj|.*v_proj|.*o_proj|.*gate_proj|.*up_proj|.*down_proj"
+LORA_MODULES = (
+    ".*q_proj|.*k_proj|.*v_proj|.*o_proj|.*gate_proj|.*up_proj|.*down_proj"
+    # Gemma's attention einsums (tunix's Gemma GRPO examples adapt these names)
+    "|.*q_einsum|.*kv_einsum|.*qkv_einsum|.*attn_vec_einsum"
+)
 
 
 def lora_scaling(lora: Mapping[str, Any] | None) -> float | None:

@@ -19,6 +19,13 @@ names, linear weights stored `[in, out]`):
 
 Both models keep Gemma's norm weights as `w` of `x * (1 + w)`. Pure jax.numpy reshapes:
 traced into the engine's update program.
+
+LoRA (`engine_lora_buffers`): qwix adapts an einsum by its weight's contracted axes (A) and
+kept axes (B) (qwix `_src/providers/lora.py` `_parse_einsum_str_for_lora`), so one tunix
+einsum can feed several sgl-jax modules (`ENGINE_MODULES`): `kv_einsum`'s A `[D, r]` is the A
+of both `k_proj` and `v_proj` and its B `[r, 2, K, H]` splits in two; `qkv_einsum` likewise in
+three. The factors arrive in the engine buffers' layout already (`engine.lora.engine_factors`:
+A `(1, R, in)`, B `(1, out, R)`), so a split is along B's output axis.
 """
 
 from __future__ import annotations
@@ -35,6 +42,14 @@ _NORMS = {
     "post_ffw_norm": "post_feedforward_layernorm",
 }
 _LAYER = re.compile(r"layers\.(\d+)\.(.+)")
+# tunix Gemma module -> the sgl-jax Gemma 2 modules its adapters feed, in B's output order.
+ENGINE_MODULES = {
+    "q_einsum": ("q_proj",),
+    "kv_einsum": ("k_proj", "v_proj"),
+    "qkv_einsum": ("q_proj", "k_proj", "v_proj"),
+    "attn_vec_einsum": ("o_proj",),
+}
+_FACTOR = re.compile(r"layers\.(\d+)\.(attn|mlp)\.(\w+)\.(?:w|kernel)_lora_([ab])")
 
 
 def _by_heads(w: Array) -> Array:
@@ -77,4 +92,28 @@ def engine_params(tunix_params: dict[str, Array]) -> dict[str, Array]:
             out[p + rest.replace(".kernel", ".weight")] = value
         else:
             raise ValueError(f"update_params: no sgl-jax Gemma 2 parameter for tunix's {name!r}")
+    return out
+
+
+def engine_modules(module: str) -> tuple[str, ...]:
+    """The sgl-jax modules that serve the adapters of tunix module `module` (a tunix Gemma
+    einsum, or a module of the same name on both sides)."""
+    return ENGINE_MODULES.get(module, (module,))
+
+
+def engine_lora_buffers(factors: dict[str, Array]) -> dict[str, Array]:
+    """sgl-jax's static LoRA buffers (`model.layers.i.self_attn.q_proj.A_buffer`, ...) from
+    tunix Gemma LoRA factors (dotted names, `...q_einsum.w_lora_a`) already in the buffers'
+    layout (`engine.lora.engine_factors`). Raises ValueError naming a factor it does not know."""
+    out: dict[str, Array] = {}
+    for name, value in factors.items():
+        match = _FACTOR.fullmatch(name)
+        if match is None:
+            raise ValueError(f"update_params: no sgl-jax Gemma 2 LoRA buffer for tunix's {name!r}")
+        layer, block, module, factor = match.groups()
+        block = "self_attn" if block == "attn" else block
+        targets = engine_modules(module)
+        parts = jnp.split(value, len(targets), axis=1) if factor == "b" else [value] * len(targets)
+        for target, part in zip(targets, parts, strict=True):
+            out[f"model.layers.{layer}.{block}.{target}.{factor.upper()}_buffer"] = part
     return out

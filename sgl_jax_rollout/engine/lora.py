@@ -34,13 +34,17 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from sgl_jax_rollout.engine.gemma_mapping import engine_modules
+
 LORA_A, LORA_B = "_lora_a", "_lora_b"
 
 
 @dataclasses.dataclass(frozen=True)
 class LoraLayout:
-    """sgl-jax's static LoRA path for one actor. `scalings` maps each adapted parameter's
-    dotted tunix path (`layers.0.attn.q_proj.w`) to its alpha / rank."""
+    """sgl-jax's static LoRA path for one actor. `modules` are the engine's adapted modules
+    (`q_proj`; a tunix Gemma einsum feeds one or more, `gemma_mapping.ENGINE_MODULES`);
+    `scalings` maps each adapted parameter's dotted tunix path (`layers.0.attn.q_proj.w`) to
+    its alpha / rank."""
 
     rank: int
     modules: tuple[str, ...]
@@ -98,7 +102,9 @@ def lora_layout(actor: Any, lora_scaling: float | None) -> LoraLayout | None:
                 )
     return LoraLayout(
         rank=max(ranks.values()),
-        modules=tuple(sorted({target.split(".")[-2] for target in ranks})),
+        modules=tuple(
+            sorted({m for target in ranks for m in engine_modules(target.split(".")[-2])})
+        ),
         scalings=tuple(sorted(scalings.items())),
     )
 

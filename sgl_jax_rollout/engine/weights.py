@@ -35,7 +35,7 @@ from typing import Any
 import jax
 from flax import nnx
 
-from sgl_jax_rollout.engine.gemma_mapping import engine_params
+from sgl_jax_rollout.engine.gemma_mapping import engine_lora_buffers, engine_params
 from sgl_jax_rollout.engine.hosts import HostLocal, split_over
 from sgl_jax_rollout.engine.lora import LORA_A, LORA_B, LoraLayout, engine_factors
 
@@ -215,19 +215,32 @@ class WeightSwapper:
     def _from_tunix_gemma(self, src_def: Any, src_leaves: list, lora: tuple | None) -> list:
         """tunix's Gemma state through `engine.gemma_mapping` (tunix ships no sgl-jax mapping
         for Gemma), with the same integrity checks: every tunix parameter known, every engine
-        parameter written."""
-        if lora is not None:
-            raise ValueError(
-                "update_params: LoRA adapters of a Gemma actor cannot reach the engine yet "
-                "(no sgl-jax LoRA mapping for tunix's Gemma einsums)"
-            )
+        parameter written. With `lora`, the base goes to the adapted layers' `base_layer`
+        weights and the factors to the static LoRA buffers (`engine_lora_buffers`)."""
         if self._mapper is None:
             engine_names = _dotted_leaf_names(self.engine_state())
+            served = set(engine_names)
+            layout = self._lora
 
-            def transfer(src_def, src_leaves: list, dst_leaves: list):
+            def transfer(src_def, lora_def, src_leaves: list, lora_leaves: list, dst_leaves):
                 src = jax.tree_util.tree_unflatten(src_def, src_leaves)
-                mapped = engine_params(dict(zip(_dotted_leaf_names(src), src_leaves, strict=True)))
-                unknown = sorted(set(mapped) - set(engine_names))
+                mapped = {
+                    _wrapped_name(name, served): value
+                    for name, value in engine_params(
+                        dict(zip(_dotted_leaf_names(src), src_leaves, strict=True))
+                    ).items()
+                }
+                if lora_def is not None:
+                    try:
+                        adapters = engine_factors(
+                            jax.tree_util.tree_unflatten(lora_def, lora_leaves), layout
+                        )
+                    except ValueError as err:
+                        raise WeightSyncError(str(err)) from None
+                    names = _dotted_leaf_names(adapters)
+                    factors = dict(zip(names, jax.tree_util.tree_leaves(adapters), strict=True))
+                    mapped.update(engine_lora_buffers(factors))
+                unknown = sorted(set(mapped) - served)
                 missing = [n for n in engine_names if n not in mapped]
                 if unknown or missing:
                     raise WeightSyncError(
@@ -241,10 +254,15 @@ class WeightSwapper:
                 ]
 
             shardings = [x.sharding for x in self._runner.model_state_leaves]
-            self._mapper = jax.jit(transfer, static_argnums=(0,), out_shardings=shardings)
+            self._mapper = jax.jit(transfer, static_argnums=(0, 1), out_shardings=shardings)
+        lora_def, lora_leaves = lora or (None, [])
         try:
             return self._mapper(
-                src_def, self._on_engine_devices(src_leaves), self._runner.model_state_leaves
+                src_def,
+                lora_def,
+                self._on_engine_devices(src_leaves),
+                self._on_engine_devices(lora_leaves),
+                self._runner.model_state_leaves,
             )
         except WeightSyncError:
             raise
@@ -329,6 +347,14 @@ def _served_by_base_layers(mappings: dict, engine_names: list[str]) -> dict:
         pattern = re.escape(wrapped).replace(r"\*", r"\d+")
         out[source] = (wrapped if re.search(f"^{pattern}$", names, re.M) else target, sharding)
     return out
+
+
+def _wrapped_name(name: str, engine_names: set[str]) -> str:
+    """`name` (`...q_proj.weight`), or its `...q_proj.base_layer.weight` where sgl-jax's static
+    LoRA wrapped the layer (`srt/lora/layers.py` `BaseLayerWithLoRA`)."""
+    head, _, last = name.rpartition(".")
+    wrapped = f"{head}.base_layer.{last}"
+    return wrapped if name not in engine_names and wrapped in engine_names else name
 
 
 def _dotted(state: Any) -> list[tuple[str, Any]]:

@@ -1,8 +1,8 @@
 """The model families users train, as tiny float32 replicas of their configs (`--like`), each
 through the `check` pre-flight: greedy tokens, processed logprobs at T 1 and 0.7 over
 completions past position 1,024, and one sync of perturbed weights, all against tunix's
-trainer-side `compute_per_token_logps` (engine-marked; one engine at a time, each shut down
-before the session rollout starts (tests/conftest.py)).
+trainer-side `compute_per_token_logps`; for Gemma also LoRA syncs (engine-marked; one engine
+at a time, each shut down before the session rollout starts (tests/conftest.py)).
 """
 
 from __future__ import annotations
@@ -23,5 +23,25 @@ def test_each_family_agrees_with_the_tunix_trainer_past_position_1024(like, tmp_
     rows = check.run(
         check.CheckConfig(model_path=str(model_dir), prompts=1, prompt_tokens=1024, max_tokens=16)
     )
+    failed = [f"{row.check}: {row.value:.3g} (limit {row.limit})" for row in rows if not row.ok]
+    assert not failed, f"{like}: " + "; ".join(failed)
+
+
+@pytest.mark.parametrize("like", sorted(n for n in LIKE_PRESETS if n.startswith("gemma")))
+def test_gemma_lora_syncs_agree_with_the_tunix_trainer(like, tmp_path):
+    """tunix Gemma's qwix adapters (on its attention einsums and MLP) served by the engine's
+    q/k/v/o projections: logprobs after a sync of perturbed adapters, and small adapters
+    served whole, over prompts past twice the sliding window."""
+    from sgl_jax_rollout.tiny_model import make_tiny_model
+    from tunix_adapter import check
+
+    model_dir = make_tiny_model(tmp_path / like, like=like, dtype="float32")
+    rows = check.run(
+        check.CheckConfig(
+            model_path=str(model_dir), prompts=1, prompt_tokens=600, max_tokens=16, lora_rank=4
+        )
+    )
+    names = [row.check for row in rows]
+    assert "after update_params (perturbed LoRA adapters), T=1.0" in names
     failed = [f"{row.check}: {row.value:.3g} (limit {row.limit})" for row in rows if not row.ok]
     assert not failed, f"{like}: " + "; ".join(failed)
