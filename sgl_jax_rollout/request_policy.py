@@ -5,8 +5,8 @@ and the rollout's default options:
 
 - `call`: the options of one call (defaults, then `RolloutConfig`, then per-call overrides),
   checked against the vocabulary, and its length limits, checked against the context;
-- `prompt_ids`: a prompt's ids with one BOS (where the tokenizer has one), cut from the left to
-  `max_prompt_length` with a warning;
+- `prompt_ids`: a prompt's ids with one BOS (`with_bos`, where the tokenizer has one; a
+  session's first prompt gets it too), cut from the left to `max_prompt_length` with a warning;
 - `refuse_pad`: a prompt that holds the pad id is refused by name (tunix would read the token
   as padding and score another sequence);
 - `seeds`: one seed per sample (`rollout_inputs.sample_seeds`: an int gives every row its own
@@ -24,7 +24,7 @@ The pure rules it composes live in `rollout_inputs`; `SglangJaxRollout` only tra
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -87,10 +87,14 @@ class RequestPolicy:
                 f"({self._context})"
             )
 
-    def prompt_ids(self, text: str, max_length: int, index: int) -> list[int]:
-        ids = self._tokenizer.encode(str(text))  # tunix's learners pass numpy str_ items
+    def with_bos(self, ids: Sequence[int]) -> list[int]:
+        """`ids` starting with exactly one BOS, where the tokenizer has one (Gemma's and Llama's
+        chat templates write it in the text; plain text has none)."""
         bos = inputs.bos_prefix(self._tokenizer.bos_id())
-        ids = self._tokenizer.dedup_bos_ids(bos + list(ids))
+        return self._tokenizer.dedup_bos_ids(bos + list(ids))
+
+    def prompt_ids(self, text: str, max_length: int, index: int) -> list[int]:
+        ids = self.with_bos(self._tokenizer.encode(str(text)))  # learners pass numpy str_
         ids, dropped = inputs.truncate_left(ids, max_length)
         if dropped:
             logger.warning(

@@ -153,7 +153,12 @@ class SglangJaxRollout(BaseRollout):
         config = rollout_config or self._rollout_config or RolloutConfig()
         sample = functools.partial(self._policy.sample_session, config)
         return Session(
-            sample, self._engine.tokenizer, track_tree, strict, vocab_size=self._engine.vocab_size
+            sample,
+            self._engine.tokenizer,
+            track_tree,
+            strict,
+            vocab_size=self._engine.vocab_size,
+            start=self._policy.with_bos,
         )
 
     def get_per_token_logps(

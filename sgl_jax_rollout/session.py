@@ -14,7 +14,11 @@ is re-rendered from text and the text differs from what was sampled (Qwen3's tem
 earlier <think> blocks; a reply decoded with skip_special_tokens=True), so it logs a WARNING
 naming the closest node and the first differing character (or token); `strict=True` raises
 ValueError instead. `chat_extend(node, new_messages)` extends a node by token ids, so it cannot
-mismatch. Token-id prompts are checked against `vocab_size` before the engine is called.
+mismatch. Token-id prompts are checked against `vocab_size` before the engine is called. A
+root node's prompt passes through `start` first (the rollout's: exactly one BOS where the
+tokenizer has one, so a plain-text prompt to Gemma or Llama gets the BOS its chat template
+would have written). A chat template that refuses the messages (Gemma's has no system role and
+wants user and assistant turns alternating) raises ValueError with the template's reason.
 
 The engine is reached through one callable, `sample(prompt_ids, n, overrides)`, which
 returns n `Sampled` completions; `SglangJaxRollout.session()` passes its own.
@@ -88,8 +92,10 @@ class Session:
         track_tree: bool = False,
         strict: bool = False,
         vocab_size: int | None = None,
+        start: Callable[[list[int]], list[int]] | None = None,
     ) -> None:
         self._sample = sample
+        self._start = start or list
         self._tokenizer = tokenizer
         self.track_tree = track_tree
         self.strict = strict  # a prompt that extends no node raises instead of warning
@@ -123,9 +129,7 @@ class Session:
         """`complete` on the tokenizer's chat template of `messages` (generation prompt added)."""
         self._check_request(n)
         self._check_chat(messages)
-        text = self._tokenizer.apply_chat_template(
-            list(messages), tokenize=False, add_generation_prompt=True
-        )
+        text = self._render(list(messages), add_generation_prompt=True)
         return self.complete(text, n=n, **overrides)
 
     def chat_extend(
@@ -157,9 +161,11 @@ class Session:
         n: int,
         overrides: dict[str, Any],
     ) -> list[Node]:
-        prompt_ids = prefix + suffix
-        if not prompt_ids:
+        if not prefix + suffix:
             raise ValueError("the prompt is empty")
+        if parent is None:
+            suffix = self._start(suffix)
+        prompt_ids = prefix + suffix
         samples = list(self._sample(prompt_ids, n, dict(overrides)))
         if len(samples) != n:
             raise RuntimeError(f"the engine returned {len(samples)} completions for n={n}")
@@ -248,9 +254,8 @@ class Session:
         prompt), as the chat template renders them after REFERENCE_CHAT's reply."""
         if not messages:
             raise ValueError("chat_extend needs at least one new message")
-        render = self._tokenizer.apply_chat_template
-        alone = render(REFERENCE_CHAT, tokenize=False)
-        full = render(REFERENCE_CHAT + list(messages), tokenize=False, add_generation_prompt=True)
+        alone = self._render(REFERENCE_CHAT)
+        full = self._render(REFERENCE_CHAT + list(messages), add_generation_prompt=True)
         if REFERENCE_REPLY not in alone or REFERENCE_REPLY not in full:
             raise ValueError("chat_extend needs a chat template that renders assistant replies")
         # Only what follows the reply must agree: Qwen3's template writes an empty <think> block
@@ -264,6 +269,18 @@ class Session:
                 "messages follow; extend by token ids: complete(node.tokens + new_ids)"
             )
         return self._encode(turn_end), self._encode(after[len(turn_end) :])
+
+    def _render(self, messages: list[dict], add_generation_prompt: bool = False) -> str:
+        """The chat template's text of `messages`; a template that refuses them (its
+        `raise_exception`) raises ValueError with its reason."""
+        from jinja2 import TemplateError
+
+        try:
+            return self._tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=add_generation_prompt
+            )
+        except TemplateError as err:
+            raise ValueError(f"the chat template refuses these messages: {err}") from None
 
     def _match(self, prompt: str | list[int]) -> tuple[Node | None, list[int], list[int]]:
         """(node extended or None, its tokens, the new prompt tokens after them)."""
