@@ -101,7 +101,8 @@ TUNIX_MAIN_SPEC ?= $(if $(WHEELHOUSE),google-tunix==0.1.8.dev0+gc7d8950f,google-
 TUNIX_MAIN_TESTS ?= tests/tunix_adapter tests/sgl_jax_rollout_apps/test_compare_engine.py \
 	tests/sgl_jax_rollout_apps/test_compare_stats.py tests/sgl_jax_rollout_apps/test_demo_cli.py \
 	tests/sgl_jax_rollout/test_tunix_compat.py tests/test_layout.py \
-	tests/sgl_jax_rollout/test_rollout_in_cluster.py
+	tests/sgl_jax_rollout/test_rollout_in_cluster.py tests/sgl_jax_rollout/engine/test_gemma_lora.py \
+	tests/sgl_jax_rollout/test_gemma_engine.py
 FIND_LINKS := $(if $(WHEELHOUSE),--find-links "$(WHEELHOUSE)")
 
 tunix-main-env:
