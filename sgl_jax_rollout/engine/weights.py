@@ -1,9 +1,9 @@
 """Weight updates of the running engine: map, reshard, check, swap.
 
 Owns `WeightSwapper`: it takes either a tunix nnx state (qwen2, qwen3, llama3: mapped with
-tunix's own `mapping_sglang_jax` tables and `transfer_state_with_mappings`, traced once
-into one jitted program) or a pytree in
-the engine's own layout, puts every leaf on the sharding of the leaf it replaces, checks
+tunix's own `mapping_sglang_jax` tables and `transfer_state_with_mappings`; Gemma 2, for
+which tunix has none, with `engine.gemma_mapping`; traced once into one jitted program) or a
+pytree in the engine's own layout, puts every leaf on the sharding of the leaf it replaces, checks
 path, shape and dtype of every leaf, and only then swaps. A mismatch raises `ValueError`
 naming the parameter, and the engine keeps its old weights.
 
@@ -14,7 +14,7 @@ mapping did not write (found at trace time: its output is its own input) and a n
 leaf are errors. Floating leaves are cast to the engine's dtype (a float32 trainer into a
 bfloat16 engine is the usual case). A LoRA update (`engine.lora`) writes the base to the adapted
 layers' `base_layer` weights and the factors to sgl-jax's static LoRA buffers, with tunix's
-`lora_to_hf_mappings` names, in the same program.
+`lora_to_hf_mappings` names (Gemma: `gemma_mapping.engine_lora_buffers`), in the same program.
 
 The swap itself (upstream shape at the pinned commit) is: replace
 `model_runner.model_state_leaves` with leaves of the same tree, shape, dtype and sharding
