@@ -145,3 +145,51 @@ def test_engine_side_modules_load_without_trainer_side_or_apps():
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "LOADED []" in result.stdout, result.stdout
+
+
+def _import_edges(source: str, modules: set[str]) -> set[str]:
+    """The modules of `modules` that `source`'s import statements load (at any depth, lazy
+    and TYPE_CHECKING ones too; `from pkg import mod` loads `pkg.mod`). Unlike
+    `imported_modules`, strings do not count: a subprocess's `-m` target is no import."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                found.add(sub if sub in modules else node.module)
+    return found & modules
+
+
+def _cycles(package: str) -> list[list[str]]:
+    """Import cycles among the modules of `package` (its `__init__` files aside: importing a
+    package's submodule runs them first, whoever imports it)."""
+    modules = {}
+    for path in sorted((ROOT / package).rglob("*.py")):
+        if path.name != "__init__.py":
+            modules[".".join(path.relative_to(ROOT).with_suffix("").parts)] = path
+    graph = {
+        name: sorted(_import_edges(path.read_text(), set(modules)) - {name})
+        for name, path in modules.items()
+    }
+    cycles, state = [], {}
+
+    def visit(name: str, stack: list[str]) -> None:
+        state[name] = "open"
+        for nxt in graph[name]:
+            if state.get(nxt) == "open":
+                cycles.append([*stack[stack.index(nxt) :], nxt])
+            elif nxt not in state:
+                visit(nxt, [*stack, nxt])
+        state[name] = "done"
+
+    for name in graph:
+        if name not in state:
+            visit(name, [name])
+    return cycles
+
+
+@pytest.mark.parametrize("package", ["sgl_jax_rollout", "tunix_adapter", "sgl_jax_rollout_apps"])
+def test_no_module_imports_one_that_imports_it_back(package):
+    assert not _cycles(package), _cycles(package)

@@ -5,18 +5,21 @@ full vocabulary otherwise (shard masses, block sums, then one block: one pass ov
 vocabulary for the masses, one over the chosen block). Either way a row uses
 one uniform from its own key, so a seeded row draws the same token whatever the batch.
 The full-vocabulary pass also returns the kept mass and entropy numerator, so the
-processed logprob and entropy of such rows cost no extra pass.
+processed logprob and entropy of such rows cost no extra pass. Also owns `Drawn`, step 5's
+result (the token and the masses the outputs reuse), and `take`, the per-row lookup both
+the draw and the outputs use.
 
 Must not decide the kept set.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Int, UInt32
+from jaxtyping import Array, Bool, Float, Int, UInt32
 
 from sgl_jax_rollout.sampling.batch import KEY_IMPL
 from sgl_jax_rollout.sampling.distribution import moment_given_mass
@@ -102,3 +105,24 @@ def _block_size(vocab: int) -> int:
         if vocab % size == 0:
             return size
     return root
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Drawn:
+    """Step 5's result and the masses the outputs reuse."""
+
+    tokens: Int[Array, " batch"]
+    from_candidates: Bool[Array, " batch"]  # drawn among the candidates (else over the vocab)
+    cand_pos: Int[Array, " batch"]  # position of the draw among the candidates
+    cand_weights: Float[Array, "batch c"]  # kept candidates' exp(t - top), 0 elsewhere
+    cand_mass: Float[Array, " batch"]
+    vocab_threshold: Float[Array, " batch"]  # threshold, -inf for greedy rows
+    vocab_mass: Float[Array, " batch"]  # kept mass over the vocab (0 where not computed)
+    vocab_moment: Float[Array, " batch"] | None  # for the processed full entropy only
+
+
+def take(values: Array, index: Array) -> Array:
+    """`values[r, index[r]]` for every row r (indices in range by construction; unlike
+    truncation's clipped lookup, nothing is clamped)."""
+    return jnp.take_along_axis(values, index[:, None].astype(jnp.int32), axis=1)[:, 0]

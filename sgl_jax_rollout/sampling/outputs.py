@@ -14,8 +14,6 @@ Must not import tunix or sgl_jax.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
@@ -27,11 +25,9 @@ from sgl_jax_rollout.sampling.distribution import (
     log_or_neg_inf,
     mass_and_moment,
 )
+from sgl_jax_rollout.sampling.draw import Drawn, take
 from sgl_jax_rollout.sampling.truncation import Candidates
 from sgl_jax_rollout.sampling.vocab import Vocab
-
-if TYPE_CHECKING:
-    from sgl_jax_rollout.sampling.sampler import Drawn
 
 
 def gather(
@@ -136,9 +132,3 @@ def _raw_top(
     if not config.penalties:
         return cand.raw_values[:, :n], cand.ids[:, :n]
     return vocab.top_k(raw, n)
-
-
-def take(values: Array, index: Array) -> Array:
-    """`values[r, index[r]]` for every row r (indices in range by construction; unlike
-    truncation's clipped lookup, nothing is clamped)."""
-    return jnp.take_along_axis(values, index[:, None].astype(jnp.int32), axis=1)[:, 0]

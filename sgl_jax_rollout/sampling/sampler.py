@@ -42,17 +42,16 @@ Must not import tunix or sgl_jax.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jaxtyping import Array, Bool, Float, Int
+from jaxtyping import Array, Bool, Float
 
 from sgl_jax_rollout.sampling.batch import SamplerConfig, SamplerOutput, SamplingBatch, step_keys
-from sgl_jax_rollout.sampling.draw import draw_from_vocab, inverse_cdf, row_uniforms
-from sgl_jax_rollout.sampling.outputs import gather, take
+from sgl_jax_rollout.sampling.draw import Drawn, draw_from_vocab, inverse_cdf, row_uniforms, take
+from sgl_jax_rollout.sampling.outputs import gather
 from sgl_jax_rollout.sampling.penalties import apply_penalties
 from sgl_jax_rollout.sampling.truncation import (
     Candidates,
@@ -142,21 +141,6 @@ def truncate(
         lambda: trunc.threshold,
     )
     return cand, threshold, trunc.bounded
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class Drawn:
-    """Step 5's result and the masses the outputs reuse."""
-
-    tokens: Int[Array, " batch"]
-    from_candidates: Bool[Array, " batch"]  # drawn among the candidates (else over the vocab)
-    cand_pos: Int[Array, " batch"]  # position of the draw among the candidates
-    cand_weights: Float[Array, "batch c"]  # kept candidates' exp(t - top), 0 elsewhere
-    cand_mass: Float[Array, " batch"]
-    vocab_threshold: Float[Array, " batch"]  # threshold, -inf for greedy rows
-    vocab_mass: Float[Array, " batch"]  # kept mass over the vocab (0 where not computed)
-    vocab_moment: Float[Array, " batch"] | None  # for the processed full entropy only
 
 
 def draw(
