@@ -6,8 +6,9 @@ at the pinned commit), and the scheduler schedules whatever has arrived at each 
 loop (`Scheduler.recv_requests`, `managers/scheduler.py:1259`). A call's first request or two
 were then often prefilled on their own, a step before the rest: one model step more per call
 (65 steps instead of 64 for 64 new tokens, without overlap; measured in 5 of 6 calls of the
-benchmark's workloads). The `whole_calls` patch (patches.py) holds the scheduler, once part of
-a call has arrived, until the rest of it has: each call then starts as one batch.
+benchmark's workloads). The `whole_calls` patch (`patches/scheduling.py`) holds the
+scheduler, once part of a call has arrived, until the rest of it has: each call then starts
+as one batch.
 
 A caller thread `expect`s a call's request ids before it sends them and `forget`s them when the
 call returns or fails; the scheduler thread reports what it `received` and asks whether a call

@@ -6,8 +6,8 @@ step, and its `Completion` once finished. Callers `register` before submitting a
 (or `forget`) after; every store is keyed by request id, and `sizes()` lets tests check that
 nothing outlives its request.
 
-The scheduler side is four hooks, called by the patches in `patches.py`: `fail` (a step of
-these requests failed: each gets a completion carrying the error),
+The scheduler side is four hooks, called by the sampler hooks (`patches/sampler_hooks.py`):
+`fail` (a step of these requests failed: each gets a completion carrying the error),
 `stash_step` (the sampler's per-row values of the step just run, before the result is
 processed), `record` (before sgl-jax streams outputs: new tokens are `len(req.output_ids)`
 minus the values recorded, which covers the first token from prefill, chunked prefill and

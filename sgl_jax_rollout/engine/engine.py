@@ -316,7 +316,7 @@ class RolloutEngine:
         async def run():
             return await self._engine.tokenizer_manager.generate_request(obj, None).__anext__()
 
-        # The scheduler starts the call's requests together (patches.whole_calls).
+        # The scheduler starts the call's requests together (patches/scheduling.py, whole_calls).
         self._hooks.arrivals.expect(fields["rid"])
         future = asyncio.run_coroutine_threadsafe(run(), self._engine.loop)
         try:

@@ -11,7 +11,7 @@ Owns:
   our per-token entropy and top logprobs and the advanced slot state. Extra attributes on the
   stock class would be dropped at the jit boundary, hence a registered subclass. After the
   step it may also carry the logprobs per padded row (`rollout_logprobs`, host side).
-- `RolloutSampler`: the module the runner builds in place of `Sampler` (see patches.py).
+- `RolloutSampler`: the module the runner builds in place of `Sampler` (`sampler_class`).
 
 Only imported once sgl_jax is importable (its classes come from `upstream.py`). The sampling
 math lives in `sgl_jax_rollout.sampling`.
@@ -76,7 +76,7 @@ class RolloutLogitsOutput(LogitsProcessorOutput):
     rollout_top_logprobs: jax.Array | None = None
     rollout_state: SlotState | None = None
     # Host side only, never a pytree child: the step's logprobs per padded row, moved here
-    # from `next_token_logprobs` when upstream reads none (patches.py, outputs_in_flight).
+    # from `next_token_logprobs` when upstream reads none (the outputs_in_flight patch).
     rollout_logprobs: jax.Array | None = None
 
     def tree_flatten(self):
@@ -107,9 +107,10 @@ class RolloutSampler(nnx.Module):
     Returns what the runner unpacks: next ids `[B_pad]` sharded `P("data")`, the logits (the
     runner gathers from them only for sgl-jax's own output-logprob mode, which our requests
     never use) and a `RolloutLogitsOutput`, which carries the advanced slot state back to the
-    runner (patches.py keeps it for the next step). Randomness comes from each row's seed and step,
-    not from `rngs` or `rng_override`: the module is rebuilt inside jit and its state is never
-    returned, and a seeded request must draw the same tokens in any batch.
+    runner (the sample_with_slot_state patch keeps it for the next step). Randomness comes from
+    each row's seed and step, not from `rngs` or `rng_override`: the module is rebuilt inside
+    jit and its state is never returned, and a seeded request must draw the same tokens in any
+    batch.
     """
 
     def __init__(self, rngs: nnx.Rngs | None = None, mesh: jax.sharding.Mesh | None = None):
@@ -134,7 +135,9 @@ class RolloutSampler(nnx.Module):
         if not vocab_parallel:
             logits = jax.sharding.reshard(logits, NamedSharding(self.mesh, P("data", None)))
         if sampling_metadata.rollout_state is None:
-            raise TypeError("RolloutSampler needs the slot state: patches.py attaches it")
+            raise TypeError(
+                "RolloutSampler needs the slot state: sample_with_slot_state attaches it"
+            )
         out, state = self._sample(
             logits,
             sampling_metadata.rollout_rows,

@@ -75,7 +75,7 @@ SYMBOLS: dict[str, tuple[str, str]] = {
 
 # Functions we wrap or call, and the parameters we pass or rely on ("Class.method" or a symbol).
 FUNCTIONS: dict[str, tuple[str, ...]] = {
-    # wrapped (patches.py)
+    # wrapped (patches/)
     "ScheduleBatch.get_model_worker_batch": ("self", "token_paddings", "bs_paddings"),
     "ScheduleBatch._merge_cache_loc": (
         *("self", "bs_paddings", "cache_loc_paddings", "page_size", "per_dp_bs_size"),
@@ -107,7 +107,7 @@ FUNCTIONS: dict[str, tuple[str, ...]] = {
     "NativeAttention.__call__": (
         *("self", "q", "k", "v", "layer", "forward_batch", "token_to_kv_pool"),
     ),
-    # replaced (patches.py sampler_class: RolloutSampler keeps this call)
+    # replaced (patches/sampler_hooks.py sampler_class: RolloutSampler keeps this call)
     "Sampler.__call__": ("self", "logits_output", "sampling_metadata", "rng_override"),
     # called
     "Llama3RotaryEmbedding._compute_inv_freq": ("self", "base"),
@@ -177,7 +177,7 @@ ATTRIBUTES: dict[str, tuple[str, ...]] = {
     "AttentionType": ("ENCODER_ONLY",),
 }
 
-# Module globals a patch replaces (patches.py: sampler_class, scheduler_faulthandler,
+# Module globals a patch replaces (patches/: sampler_class, scheduler_faulthandler,
 # engine_sockets, contained_signals, attention_logit_cap).
 MODULE_GLOBALS: dict[str, tuple[str, ...]] = {
     "model_executor.model_runner": ("Sampler",),

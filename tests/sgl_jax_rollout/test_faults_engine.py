@@ -21,6 +21,7 @@ import pytest
 
 from sgl_jax_rollout.engine import patches, sampler_module
 from sgl_jax_rollout.engine.collector import Collector
+from sgl_jax_rollout.engine.patches import sampler_hooks
 from sgl_jax_rollout.tunix_compat import RolloutConfig
 
 pytestmark = pytest.mark.engine
@@ -64,14 +65,14 @@ def still_serving(rollout, reference):
 
 
 def test_a_raising_row_builder_fails_its_requests_only(rollout, reference, monkeypatch):
-    original = patches.build_rows
+    original = sampler_hooks.build_rows
 
     def build_rows(specs, *args):
         if any(s is not None and s.options.temperature == MARK_T for s in specs):
             raise ValueError("injected row fault")
         return original(specs, *args)
 
-    monkeypatch.setattr(patches, "build_rows", build_rows)
+    monkeypatch.setattr(sampler_hooks, "build_rows", build_rows)
     with pytest.raises(
         RuntimeError,
         match=r"2 of 2 requests failed: an engine step failed: "
@@ -127,7 +128,7 @@ def test_with_overlap_a_sampler_failure_fails_the_requests_of_its_step(
     processing of step t - 1 until step t's sampler has failed, the order the race takes when
     the scheduler thread is the slower."""
     assert rollout.engine._hooks.scheduler.enable_overlap
-    sample_step, collect = patches._sample_step, patches._collect
+    sample_step, collect = sampler_hooks._sample_step, sampler_hooks._collect
     first: set = set()
     injected, held = [], []
 
@@ -141,8 +142,8 @@ def test_with_overlap_a_sampler_failure_fails_the_requests_of_its_step(
         return sample_step(sample, runner, hooks, logits_output, metadata)
 
     def collect_after_the_failure(hooks, scheduler, batch, out):
-        launched = {r.rid for r in patches._batch_requests(scheduler.cur_batch or batch)}
-        processed = {r.rid for r in patches._batch_requests(batch)}
+        launched = {r.rid for r in patches.hooks.batch_requests(scheduler.cur_batch or batch)}
+        processed = {r.rid for r in patches.hooks.batch_requests(batch)}
         if first and launched - first and processed <= first and not held:
             deadline = time.perf_counter() + 60
             while not hooks.failed_samples and time.perf_counter() < deadline:
@@ -150,8 +151,8 @@ def test_with_overlap_a_sampler_failure_fails_the_requests_of_its_step(
             held.append(bool(hooks.failed_samples))
         return collect(hooks, scheduler, batch, out)
 
-    monkeypatch.setattr(patches, "_sample_step", failing_sample_step)
-    monkeypatch.setattr(patches, "_collect", collect_after_the_failure)
+    monkeypatch.setattr(sampler_hooks, "_sample_step", failing_sample_step)
+    monkeypatch.setattr(sampler_hooks, "_collect", collect_after_the_failure)
     words = ["alpha", "beta", "gamma", "delta", "river", "stone", "cloud", "green", "seven"]
     rng = np.random.default_rng(7)
     # three prompts of about 400 tokens each, distinct (no shared prefix in the radix cache):
@@ -178,7 +179,7 @@ def test_a_fault_while_scoring_fails_the_scoring_call_only(rollout, reference, m
     def fallback_spec(req):
         raise ValueError("injected scoring fault")
 
-    monkeypatch.setattr(patches, "_fallback_spec", fallback_spec)
+    monkeypatch.setattr(sampler_hooks, "_fallback_spec", fallback_spec)
     with pytest.raises(RuntimeError, match="2 of 2 scoring failed: .*injected scoring fault"):
         rollout.get_per_token_logps(out.left_padded_prompt_tokens, completions)
     monkeypatch.undo()

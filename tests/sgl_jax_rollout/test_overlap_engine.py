@@ -91,14 +91,14 @@ def test_the_forward_thread_never_waits_for_a_steps_outputs(rollout, monkeypatch
     from sgl_jax_rollout.tunix_compat import RolloutConfig
 
     seen = []
-    collect = patches._collect
+    collect = patches.sampler_hooks._collect
 
     def spy(hooks, scheduler, batch, out):
         per_row = (out.rollout_logprobs, out.rollout_entropy)
         seen.append((all(isinstance(x, jax.Array) for x in per_row), out.next_token_logprobs))
         collect(hooks, scheduler, batch, out)
 
-    monkeypatch.setattr(patches, "_collect", spy)
+    monkeypatch.setattr(patches.sampler_hooks, "_collect", spy)
     config = RolloutConfig(max_tokens_to_generate=8, seed=1, return_logprobs=True)
     out = rollout.generate(PROMPTS, config, temperature=1.0, ignore_eos=True)
     assert len(seen) >= 8  # a prefill and the decode steps

@@ -86,13 +86,13 @@ def test_decode_steps_with_the_same_requests_reuse_their_rows(rollout, monkeypat
 
     calls = {"build_rows": 0, "pack_rows": 0}
     for name in calls:
-        original = getattr(patches, name)
+        original = getattr(patches.sampler_hooks, name)
 
         def counted(*args, _original=original, _name=name, **kwargs):
             calls[_name] += 1
             return _original(*args, **kwargs)
 
-        monkeypatch.setattr(patches, name, counted)
+        monkeypatch.setattr(patches.sampler_hooks, name, counted)
     out = rollout.generate(PROMPTS, config(max_tokens_to_generate=24))
     # at most one build per extend step and per change of the running set (a request that
     # ends on EOS), far fewer than the 23 decode steps

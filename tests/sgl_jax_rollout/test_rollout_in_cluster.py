@@ -32,7 +32,7 @@ def test_cluster_builds_generates_and_syncs_weights_through_our_rollout(tiny_dir
     from tests.conftest import TEST_SETTINGS
     from tunix_adapter.models import load_tunix_model
 
-    if patches._active is not None:
+    if patches.current() is not None:
         pytest.skip("another engine is still running in this process")
     mesh = jax.make_mesh((1, 1), ("fsdp", "tp"))
     actor = load_tunix_model(tiny_dir)

@@ -21,7 +21,7 @@ def test_three_turn_chat_stays_aligned_with_rescoring(tiny_dir, trainer):
     from tests.sgl_jax_rollout.test_rollout import trainer_logps
     from tunix_adapter.sessions import grpo_batch
 
-    if patches._active is not None:
+    if patches.current() is not None:
         pytest.skip("another engine is still running in this process")
     rollout = SglangJaxRollout(model_path=tiny_dir, engine_settings=TEST_SETTINGS)
     # temperature 1, no truncation: processed logprobs are the model's own log-softmax

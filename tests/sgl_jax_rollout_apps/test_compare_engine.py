@@ -12,7 +12,7 @@ def test_compare_against_vanilla_agrees_with_tunix(tmp_path):
     from sgl_jax_rollout.engine import patches
     from sgl_jax_rollout_apps.compare import CompareConfig, run, table
 
-    if patches._active is not None:
+    if patches.current() is not None:
         pytest.skip("another engine is still running in this process")
     config = CompareConfig(against="vanilla", out=str(tmp_path), steps=2, show_progress=False)
     report = run(config)

@@ -41,7 +41,7 @@ def handlers():
     """Records SIGQUITs during the test; yields the handlers the process had."""
     from sgl_jax_rollout.engine import patches
 
-    if patches._active is not None:
+    if patches.current() is not None:
         pytest.skip("another engine is still running in this process")
     received = []
     previous = signal.signal(signal.SIGQUIT, lambda *_: received.append(1))
@@ -66,7 +66,7 @@ def leftovers(handlers) -> list[str]:
         if not found or time.monotonic() > deadline:
             break
         time.sleep(0.1)
-    if patches._active is not None:
+    if patches.current() is not None:
         found.append("an active engine")
     found += [
         f"signal {sig} handler changed"
@@ -127,7 +127,7 @@ def test_an_uncontainable_fault_stops_the_engine_and_a_new_one_starts(
     def always(*args):  # fails the step and its neutral re-run: the engine cannot go on
         raise ValueError("injected fatal fault")
 
-    monkeypatch.setattr(patches, "build_rows", always)
+    monkeypatch.setattr(patches.sampler_hooks, "build_rows", always)
     with pytest.raises(RuntimeError, match="stopped after a fault.*injected fatal fault"):
         rollout.generate(["hello there"], config())
     assert engine._hooks.released.wait(60), "the engine did not shut itself down"

@@ -23,7 +23,7 @@ def test_tunix_state_of_each_family_maps_onto_the_engine(arch, tmp_path):
     from tests.conftest import perturbed
     from tunix_adapter.models import load_tunix_model
 
-    if patches._active is not None:
+    if patches.current() is not None:
         pytest.skip("another engine is still running in this process")
     model_dir = make_tiny_model(tmp_path / arch, arch=arch)
     trainer = load_tunix_model(model_dir)

@@ -1,18 +1,16 @@
-"""Host-work patches around upstream calls, driven with test doubles of the upstream side (a
-stub `original` that records what upstream would receive, a stub detokenizer holding only
-`decode_status`, a stub running batch whose `filter_batch` drops finished requests, or keeps
-the indices given, as upstream's does, a stub worker holding only the queue upstream's
-`ModelWorker.__init__` makes, and a stub capturer): the code under test is our wrapper; the
-live engine runs all of them in every engine test (tokens, logprobs and entropy there are
-checked against the trainer; `test_rollout.py::test_a_call_is_prefilled_as_one_batch` checks
-the admission one, `test_overlap_engine.py` the steps of a call with overlap on)."""
+"""Scheduling fixes (`patches/scheduling.py`) around upstream calls, driven with test
+doubles of the upstream side (a stub `original` that records what upstream would receive, a
+stub detokenizer holding only `decode_status`, a stub running batch whose `filter_batch` drops
+finished requests, or keeps the indices given, as upstream's does, a stub worker holding only
+the queue upstream's `ModelWorker.__init__` makes, and a stub capturer): the code under test
+is our wrapper; the live engine runs all of them in every engine test
+(`test_rollout.py::test_a_call_is_prefilled_as_one_batch` checks the admission one,
+`test_overlap_engine.py` the steps of a call with overlap on)."""
 
 from __future__ import annotations
 
 import types
 
-import jax.numpy as jnp
-import numpy as np
 import pytest
 
 pytestmark = pytest.mark.engine  # needs sgl-jax importable (no engine is started)
@@ -30,7 +28,7 @@ def hooks():
 
 
 def test_the_detokenizer_gets_only_the_last_id_of_our_requests(hooks):
-    from sgl_jax_rollout.engine import patches
+    from sgl_jax_rollout.engine.patches import scheduling
     from sgl_jax_rollout.engine.rows import RequestSpec
     from sgl_jax_rollout.sampling.options import SamplingOptions
 
@@ -51,7 +49,7 @@ def test_the_detokenizer_gets_only_the_last_id_of_our_requests(hooks):
             self.decode_status[rid] = "state"
         return "out"
 
-    assert patches._detokenize(original, detokenizer, recv) == "out"
+    assert scheduling._detokenize(original, detokenizer, recv) == "out"
     # ours: the last id only (stop trimming needs one); theirs: untouched
     assert seen["decode_ids"] == [[3], [7], [8, 9]]
     # finished requests' states are dropped, running ones kept
@@ -59,36 +57,10 @@ def test_the_detokenizer_gets_only_the_last_id_of_our_requests(hooks):
     assert hooks.detokenizer_states == 2
 
 
-@pytest.mark.parametrize("upstream_reads_logprobs", [False, True])
-def test_upstream_materialises_logprobs_only_for_a_batch_that_asks(upstream_reads_logprobs):
-    from sgl_jax_rollout.engine import patches
-    from sgl_jax_rollout.engine.sampler_module import RolloutLogitsOutput
-
-    logprobs = jnp.array([-1.0, -2.0, -3.0, -4.0])
-    entropy = jnp.array([0.5, 1.5, 2.5, 3.5])
-    out = RolloutLogitsOutput(next_token_logits=jnp.zeros((4, 8)))
-    out.next_token_logprobs, out.rollout_entropy = logprobs, entropy
-    batch = types.SimpleNamespace(
-        return_logprob=upstream_reads_logprobs, return_output_logprob_only=False
-    )
-    seen = {}
-
-    def original(self, logits_output, model_worker_batch, selector):
-        seen["logprobs"] = logits_output.next_token_logprobs
-
-    patches._outputs_in_flight(original, None, out, batch, np.arange(4))
-    # our outputs stay device arrays (their host copies started), read later by `_collect`
-    assert out.rollout_entropy is entropy
-    if upstream_reads_logprobs:
-        assert seen["logprobs"] is logprobs and out.rollout_logprobs is None
-    else:
-        assert seen["logprobs"] is None and out.rollout_logprobs is logprobs
-    assert out.rollout_top_logprobs is None
-
-
 @pytest.mark.parametrize("waiting", [False, True])
 def test_finished_requests_leave_the_running_batch_before_admission(hooks, waiting):
-    from sgl_jax_rollout.engine import patches, upstream
+    from sgl_jax_rollout.engine import upstream
+    from sgl_jax_rollout.engine.patches import scheduling
 
     def req(finished):
         return types.SimpleNamespace(finished=lambda: finished)
@@ -114,7 +86,7 @@ def test_finished_requests_leave_the_running_batch_before_admission(hooks, waiti
         seen["full"] = [info.batch_is_full for info in self.running_batch.reqs_info]
         return "prefill"
 
-    assert patches._finished_leave_first(original, scheduler) == "prefill"
+    assert scheduling._finished_leave_first(original, scheduler) == "prefill"
     if waiting:  # admission sees the finished request gone and its rank no longer full
         assert seen == {"sizes": [1, 1], "full": [False, True]}
         assert ranks[0].reqs == [running]
@@ -126,7 +98,8 @@ def test_finished_requests_leave_the_running_batch_before_admission(hooks, waiti
 def test_requests_whose_token_in_flight_is_their_last_by_length_get_no_step_after_it(
     hooks, overlap
 ):
-    from sgl_jax_rollout.engine import patches, upstream
+    from sgl_jax_rollout.engine import upstream
+    from sgl_jax_rollout.engine.patches import scheduling
 
     def req(outputs, max_new_tokens, finished=False):
         return types.SimpleNamespace(
@@ -167,7 +140,7 @@ def test_requests_whose_token_in_flight_is_their_last_by_length_get_no_step_afte
         seen["full"] = [info.batch_is_full for info in batch.reqs_info]
         return "running"
 
-    assert patches._no_step_after_the_last(original, scheduler, batch) == "running"
+    assert scheduling._no_step_after_the_last(original, scheduler, batch) == "running"
     if overlap:
         assert kept == {0: [1, 2], 1: []}
         assert seen == {"reqs": [[early, waited], []], "full": [False, False]}
@@ -179,7 +152,8 @@ def test_requests_whose_token_in_flight_is_their_last_by_length_get_no_step_afte
 def test_expert_ids_reach_the_sync_thread_only_while_a_capturer_records_them(monkeypatch):
     import queue
 
-    from sgl_jax_rollout.engine import patches, upstream
+    from sgl_jax_rollout.engine import upstream
+    from sgl_jax_rollout.engine.patches import scheduling
 
     capturers = upstream.module("layers.routed_experts_capturer")
     worker = types.SimpleNamespace()
@@ -187,7 +161,7 @@ def test_expert_ids_reach_the_sync_thread_only_while_a_capturer_records_them(mon
     def original(self):  # upstream's __init__, as far as the queue goes
         self.sync_queue = queue.Queue()
 
-    patches._expert_ids_sync_when_captured(original, worker)
+    scheduling._expert_ids_sync_when_captured(original, worker)
     step = (["topk ids"], "model worker batch")
 
     monkeypatch.setattr(

@@ -1,6 +1,7 @@
-"""`attention_head_dim_unpadded` (patches.py): sgl-jax's CPU attention on a KV pool padded from
-head_dim 64 to 128, as the engine lays it out, against float64 attention on the unpadded heads.
-Calls upstream's `forward_attention` (through the patched module) directly; no engine starts."""
+"""`attention_head_dim_unpadded` (`patches/upstream_fixes.py`): sgl-jax's CPU attention on a KV
+pool padded from head_dim 64 to 128, as the engine lays it out, against float64 attention on
+the unpadded heads. Calls upstream's `forward_attention` (through the patched module) directly;
+no engine starts."""
 
 from __future__ import annotations
 
@@ -64,7 +65,7 @@ def test_attention_head_dim_unpadded_matches_unpadded_attention(q_layout):
 
 
 def test_unpadded_heads_leaves_widths_that_are_no_pool_padding():
-    from sgl_jax_rollout.engine.patches import unpadded_heads
+    from sgl_jax_rollout.engine.patches.upstream_fixes import unpadded_heads
 
     out = jnp.arange(2 * 3 * 128, dtype=jnp.float32).reshape(2, 3 * 128)
     cut = unpadded_heads(out, head_dim=96, num_heads=3)
@@ -79,6 +80,7 @@ def test_attention_logit_cap_soft_caps_the_scores():
     `cap * tanh(scores / cap)` (Gemma 2's `attn_logit_softcapping`), against float64; other
     layers' attention is unchanged."""
     from sgl_jax_rollout.engine import patches, upstream
+    from sgl_jax_rollout.engine.patches import upstream_fixes
 
     patches.apply()
     forward_attention = upstream.module("layers.attention.native_backend").forward_attention
@@ -127,11 +129,11 @@ def test_attention_logit_cap_soft_caps_the_scores():
                 )
             )
 
-    token = patches._SCORE_CAP.set((cap, scale))
+    token = upstream_fixes._SCORE_CAP.set((cap, scale))
     try:
         capped = attend()
     finally:
-        patches._SCORE_CAP.reset(token)
+        upstream_fixes._SCORE_CAP.reset(token)
     np.testing.assert_allclose(capped, reference(True), rtol=1e-5, atol=1e-5)
     assert np.abs(reference(True) - reference(False)).max() > 0.1  # the cap bites here
     np.testing.assert_allclose(attend(), reference(False), rtol=1e-5, atol=1e-5)

@@ -1,0 +1,222 @@
+"""Every change we make to sgl-jax internals: the catalog, and `apply`.
+
+Checked against sgl-project/sglang-jax commit cddbf6f1cc33cbdd453bd8f36ff7051cf46ca176
+(`python/sgl_jax/srt/...`). Each patch is named, wraps (never copies) the upstream function,
+and is applied once per process (`apply`, which installs each module's patches). Every
+upstream name reaches us through `upstream.py`, whose `check` (run by `apply`, at engine
+start) fails loudly, naming it, when a name, parameter or attribute we rely on changes.
+Overlap scheduling works as upstream runs it: what the sampler needs of a request's output
+(tokens generated, penalty tables) lives on the device per request slot (`slot_state.py`),
+never read from the host's lagging output ids.
+
+The patches come in five kinds, one module each (below); `hooks.py` holds what they share.
+Containment (docs/design.md section 8): no fault on an engine thread may take the trainer's
+process down. `step_guard` keeps a failing step to its own requests; `contained_signals`
+and `watchdog` turn upstream's last resort, SIGQUIT to this process (or its parent), into an
+engine fault that ends the engine alone; our scheduler-side hooks fail their requests
+instead of raising.
+
+## Sampler hooks (`sampler_hooks.py`): our sampler in upstream's step, rows in, values out
+
+- `sampler_class`: `model_executor.model_runner.Sampler` -> `RolloutSampler`. Replaced before
+  the Engine is built, so the runner's `initialize_jit` and precompile include our sampler.
+- `worker_batch_rows`: wraps `ScheduleBatch.get_model_worker_batch` to attach our per-row
+  settings (`rows.build_rows`) and request slots for the batch's requests, in row order (a
+  decode step with the same requests in the same slots as the last one reuses its rows).
+- `sampling_metadata_rows`: wraps `SamplingMetadata.from_model_worker_batch` to return a
+  `RolloutSamplingMetadata` carrying those rows on the mesh (neutral rows for precompile;
+  rows reused from the last step reuse its metadata, stock children included: our sampler
+  reads none of them, and upstream would rebuild and transfer them every step).
+- `sample_with_slot_state`: wraps `ModelRunner.sample` (run on the thread that runs the step:
+  the forward thread with overlap): hands the sampler the slot state and keeps the advanced
+  state it returns; a sampler that fails (a compile of a new config) is run again with neutral
+  rows, and the step's requests are failed from the scheduler thread; while upstream
+  precompiles, runs the step's sampler again under each extra config
+  (precompile_sampler_modes).
+- `precompile_sampler_modes`: wraps `ModelWorker.run_precompile` (and `ModelRunner.sample`,
+  in `sample_with_slot_state`): while upstream precompiles (every extend and decode batch
+  bucket), each sampler step is run again with neutral rows under every extra
+  `SamplerConfig` of the engine (the modes the rollout derives from its defaults and
+  `EngineSettings.sampler_modes`), so a run meets no sampler compile for those modes.
+  Upstream precompiles its one sampler.
+- `precompile_overlap_gather`: in the same place, with overlap, each precompiled step's token
+  ids also go through the overlap worker's `async_gather_fn` (a jitted identity onto a
+  replicated sharding that the forward thread applies to every step's ids,
+  `tp_worker_overlap_thread.py:170`). Upstream's precompile never calls it, so it compiled
+  once per batch bucket in the middle of a run (seen in the 20-step demo).
+- `step_values`: wraps `Scheduler.process_batch_result` (without overlap) and
+  `ModelWorkerClient.resolve_last_batch_result` (with overlap: the step's outputs reach the
+  scheduler there) to hand the step's per-row sampler outputs to the collector before the
+  result is processed. With overlap a request that finished at step t is in step t + 1 too;
+  the collector has closed it and ignores that value.
+- `outputs_in_flight`: wraps `ModelWorker._materialize_logprobs_to_host`, where upstream
+  copies a step's logprobs to the host as soon as the sampler returns them (a blocking
+  `device_get`; with overlap, on the forward thread, which then cannot queue step t + 1 behind
+  step t). Our per-row outputs (entropy, top logprobs) only start their copies there; a step
+  whose batch asks upstream for no logprobs (`return_logprob`, `return_output_logprob_only`:
+  scoring, sgl-jax's own logprob requests) also hands upstream no logprobs, and ours go with
+  the per-row outputs (`RolloutLogitsOutput.rollout_logprobs`). The collector reads them all
+  on the scheduler thread (`_collect`), when the step is processed.
+- `record_before_stream`: wraps `Scheduler.stream_output` so per-token values are recorded
+  (and completions finalised) before sgl-jax sends the output to the caller.
+
+## Scheduling fixes (`scheduling.py`): no model step or host work spent for nothing
+
+- `whole_calls`: wraps `Scheduler.recv_requests`: once part of a call's requests has reached
+  the scheduler, it receives until the rest has too (`arrivals.py`; at most
+  `CALL_ARRIVAL_WAIT_S`), so each call starts as one batch. Upstream's tokenizer manager sends
+  a batch one request per message and the scheduler took what had arrived: a call's first
+  requests were often prefilled alone, one model step more per call.
+- `finished_leave_first`: wraps `Scheduler.get_new_batch_prefill`: requests that finished at
+  the last step leave the running batch before new ones are admitted. Upstream filters them
+  out only after admission (`update_running_batch`, `scheduler.py:2365`, called when no
+  prefill was formed) and counts them against `max_running_requests` until then
+  (`scheduler.py:2169-2172`): a call sent right after another one, before the scheduler's
+  next turn, had its first prefill cut by the previous call's size (12 of 16 after a call of
+  4), one model step more.
+- `no_step_after_the_last`: wraps `Scheduler.update_running_batch`: with overlap scheduling,
+  a request whose token in flight (the step launched last, not processed yet: the
+  scheduler's `result_queue`) is its last by length (`max_new_tokens`) leaves the running
+  batch before the next decode step is built. Upstream builds that step before it knows
+  (`event_loop_overlap`, `scheduler.py:1141-1180`), runs the request one more step and
+  discards the token (`scheduler_output_processor_mixin.py:475`): one model step more per
+  call whose requests end by length, as RL rollouts' truncated ones do (65 steps instead of
+  64 at 64 new tokens). Requests that may still end by a stop token or string keep it.
+- `expert_ids_sync_when_captured`: wraps `ModelWorker.__init__` so the worker's expert-ids
+  queue takes a step's routed-expert ids only while a capturer records them. Upstream puts
+  them on `sync_queue` after every forward (`tp_worker.py:525, 540`), which wakes its sync
+  thread to hand them to the process's capturer (`tp_worker.py:316-319`); for every model
+  but a MoE served with `enable_return_routed_experts` that capturer is the no-op one
+  (`routed_experts_capturer.py:117, 342`). The wake lands between the forward and the
+  sampler, where the woken thread takes the scheduler's core and then waits for the GIL it
+  holds: with the capturer off it is all cost (measured on the same engine, calls
+  alternating: 0.34 against 0.16 ms per step between the two at Qwen3-0.6B size on CPU).
+- `detokenizer_skips_our_text`: in the same wrapper, the requests our rollout submitted reach
+  upstream's incremental detokenizer with only their last id. Their text is never read: the
+  rollout decodes the collector's tokens once, at the end. Upstream decodes every request's ids
+  (prompt tail included, through a per-id Python flatten) at every output message (every 50
+  tokens and at the end): measured with sgl-jax's `skip_tokenizer_init` on the stock engine,
+  0.26 ms of host time per decode step at 64 requests x 64 tokens on CPU. One id stays because
+  upstream's stop trimming asserts a non-empty list (`trim_matched_stop`,
+  `detokenizer_manager.py:116`); stop strings are matched by the scheduler, as before.
+- `detokenizer_forgets_finished`: wraps `DetokenizerManager.handle_batch_token_id_out` to drop
+  a finished request's decode state (its token ids and text). Upstream keeps every request's
+  state until `SGLANG_DETOKENIZER_MAX_STATES` (65,536) requests have passed
+  (`detokenizer_manager.py:36, 85, 316`): host memory that grows with every completion of an RL
+  run, tens of KB per 1k-token completion, gigabytes at the cap. The count left after each
+  batch is reported by `RolloutEngine.store_sizes()` as `detokenizer_states`.
+
+## Fault containment (`containment.py`)
+
+- `step_guard`: wraps `Scheduler.run_batch`: a step that raises fails exactly its requests
+  (aborted through upstream's `abort_request`, the error as message) and is run again with
+  neutral greedy rows and the precompiled sampler, so upstream finishes them and frees their
+  cache as for any abort. A second failure is an engine fault.
+- `contained_signals`: `psutil` as `managers.scheduler`, `managers.detokenizer_manager`,
+  `managers.tp_worker` and `managers.tp_worker_overlap_thread` see it: their thread handlers
+  end every exception with `Process().send_signal(SIGQUIT)` (`scheduler.py:2988, 3015, 3037`,
+  `detokenizer_manager.py:344, 362`, `tp_worker.py:314`), the overlap forward thread's with
+  `psutil.Process().parent()` taken at start (`tp_worker_overlap_thread.py:69, 111`), the
+  process that launched the trainer; here SIGQUIT is an engine fault.
+- `watchdog`: replaces `Scheduler.watchdog_thread` (upstream's loop never exits, so every
+  shut-down scheduler stays alive, and it SIGQUITs `psutil.Process().parent()`, in
+  single-process mode the process that launched the trainer): same rule, engine fault.
+
+## Upstream bug fixes (`upstream_fixes.py`): each to drop when sgl-jax fixes it
+
+- `llama3_rope_scaling`: wraps `layers.embeddings.Llama3RotaryEmbedding.__init__` so the
+  rotary phases use the llama3-scaled frequencies. Upstream's base class computes
+  `_inv_freq_np` (what `_compute_cos_sin` reads) unscaled in its `__init__`, and the llama3
+  subclass only overrides `_compute_inv_freq`, which nothing on that path calls: every Llama
+  3.1 / 3.2 checkpoint (rope_scaling "llama3") is served with unscaled RoPE, another function
+  than the checkpoint's (0.2 nats at positions past 1,024 on a tiny replica).
+- `attention_head_dim_unpadded`: wraps `layers.attention.native_backend.forward_attention`
+  (the attention sgl-jax runs on CPU; `NativeAttention.__call__` and our dp path both call it
+  through the module) so its output has the model's head_dim. An upstream bug fix: the KV pool
+  pads head_dim to a multiple of 128 (`model_runner.py:1102`, `memory_pool.py:70`),
+  `forward_attention` pads q to match (`native_backend.py:234-239`) and returns
+  `num_heads * padded` columns (`native_backend.py:326-327`), so every model with a head_dim
+  that is not a multiple of 128 (Llama 3.2, SmolLM2: 64) fails at its first `o_proj`. The pad
+  of V is zeros, so the first head_dim columns of each head are the attention output. Needed
+  until upstream slices it off: `test_attention_head_dim_unpadded_matches_unpadded_attention`
+  passes without the patch then.
+- `attention_logit_cap`: in the same wrapper, a layer's `logit_cap` (Gemma 2's
+  `attn_logit_softcapping`, 50) reaches the CPU attention. An upstream bug fix: the TPU
+  kernel soft-caps the scores (`flashattention_backend.py:723`, `soft_cap=layer.logit_cap`),
+  the native backend never reads `logit_cap` (`native_backend.py:73-113, 169-327`), so on
+  CPU Gemma 2 was served without its attention soft-cap. `forward_attention` takes no cap, so
+  the module's `jnp` is replaced by `_ScoreCappingNumpy`, which soft-caps the one score
+  einsum (`"qhd,khd->qhk"`, `native_backend.py:256`) while a capped layer is traced:
+  `cap * tanh(s * scale / cap) / scale`, which upstream then multiplies by `scale`.
+- `native_attention_per_rank`: wraps `NativeAttention.__call__` (the attention sgl-jax uses
+  on CPU) so that with dp > 1 each dp rank attends over its own batch section and KV shard
+  (`dp_attention.py`); upstream mixes the ranks. One dp rank: upstream runs unchanged.
+- `cache_loc_copied`: wraps `ScheduleBatch._merge_cache_loc` so that on CPU each step's
+  `cache_loc` (the KV slots attention reads) is a fresh array. Upstream returns a view of one
+  persistent host buffer (`req_to_token_pool.cache_loc_host_buf`, `schedule_batch.py:2400,
+  2408`) and uploads it with `device_array` (`forward_batch_info.py:362`). JAX's CPU client
+  aliases a host buffer it is given when the buffer is 64-byte aligned (zero-copy), so under
+  overlap scheduling the scheduler's writes for step t + 1 reach step t's forward, still
+  running on the forward thread: every request of a batch but the first attends over other
+  slots. Whether the buffer is aligned depends on where numpy allocated it, so about half the
+  engine starts gave wrong logits with overlap on, the same ones each time. Off CPU the
+  upload copies the buffer and upstream runs unchanged.
+- `scheduler_faulthandler`: the `faulthandler` that `managers.scheduler` calls at the start of
+  its thread (`scheduler_loop_after_create`, `scheduler.py:3027`, outside its try) enables on
+  the process's real stderr where `sys.stderr` has no file descriptor (Jupyter, pytest's
+  capture). Upstream's bare `faulthandler.enable()` raises `io.UnsupportedOperation` there,
+  the scheduler thread dies before its loop, and every call then waits for a step that never
+  comes.
+- `sampler_key_typed`: wraps `ModelRunner.initialize_jit`. Upstream keeps its sampler's base
+  key as raw `PRNGKey` data (`model_runner.py:175`) and folds the step into it inside the
+  jitted sampler (`:296`), which reads raw data with whatever `jax_default_prng_impl` is set
+  when a sampler config is traced: a trainer that changes it (to rbg, unsafe_rbg) after the
+  engine started fails every new trace. A typed key carries its implementation.
+
+## Lifecycle (`lifecycle.py`)
+
+- `scheduler_of_engine`: wraps `Scheduler.__init__` to tie the scheduler to the engine that
+  builds it before any of it runs, so a shutdown reaches it from any state of a start.
+- `runner_of_engine`: wraps `ModelRunner.__init__` the same way for the model runner: with
+  overlap, a step already queued on the forward thread when the engine stops still runs its
+  sampler with that engine's slot state (the process may hold no active engine by then).
+- `engine_sockets`: wraps `get_zmq_socket` where the engine's components import it
+  (`entrypoints.engine`, `managers.scheduler`, `managers.tokenizer_manager`,
+  `managers.detokenizer_manager`): every engine socket gets `LINGER` 0 and is recorded in the
+  running engine's hooks, so shutdown closes all of them. Upstream never closes the
+  detokenizer's sockets; when the garbage collector later finalises that shut-down engine's
+  zmq context, the sockets' weak references are already cleared, `Context.term` waits for
+  sockets nobody will close, and the thread that happened to run the collection hangs forever
+  (seen as a full test run stuck inside a jit trace).
+- `idle_wait_and_stop`: wraps `Scheduler.on_idle`: a fully idle scheduler runs the engine's
+  `IdleWork` (weight swap, cache flush), then waits on its sockets and on the work pipe
+  (upstream spins a core at 100%), and exits its thread when the engine is shut down.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+
+from sgl_jax_rollout.engine import upstream
+from sgl_jax_rollout.engine.patches import (
+    containment,
+    lifecycle,
+    sampler_hooks,
+    scheduling,
+    upstream_fixes,
+)
+from sgl_jax_rollout.engine.patches.hooks import EngineHooks, activate, current, deactivate
+
+__all__ = ["EngineHooks", "activate", "apply", "current", "deactivate"]
+
+_APPLY_LOCK = threading.Lock()
+
+
+def apply(server_args: Iterable[str] = ()) -> None:
+    """Checks sgl-jax against the names we rely on (`upstream.check`, with the `Engine`
+    keywords `server_args`), then installs every patch once per process (idempotent)."""
+    with _APPLY_LOCK:
+        upstream.check(server_args)
+        for kind in (sampler_hooks, scheduling, containment, upstream_fixes, lifecycle):
+            kind.install()
