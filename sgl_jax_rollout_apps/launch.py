@@ -13,8 +13,8 @@ Owns the multi-process launch on one machine and the matching start-up in each p
 
 On a real pod, one process per host runs the same command with
 `SGL_JAX_ROLLOUT_DISTRIBUTED=auto`: `initialize_from_env()` then calls
-`jax.distributed.initialize()` without arguments (README, "Multi-host"). Must not be imported
-by the library: it is an application.
+`jax.distributed.initialize()` without arguments (docs/guide.md, "Multiple hosts"). Must not
+be imported by the library: it is an application.
 """
 
 from __future__ import annotations

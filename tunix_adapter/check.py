@@ -23,7 +23,7 @@ the engine on the same weights, then checks, on prompts long enough that positio
 
 Each check gives one row with the measured value, its limit and a verdict; any failed row makes
 the command exit non-zero. The float32 tolerance is 1e-4; a bfloat16 engine gets 0.1 (its
-rounding, not a bug, dominates there: see the README's family table).
+rounding, not a bug, dominates there: see the README's family table, and docs/guide.md).
 """
 
 from __future__ import annotations
