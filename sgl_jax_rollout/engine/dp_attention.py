@@ -1,8 +1,9 @@
 """Data parallelism for sgl-jax's native attention backend (the one sgl-jax uses on CPU).
 
 Owns `per_rank_native_attention`, the body of the `native_attention_per_rank` patch
-(`patches/upstream_fixes.py`). Checked against sgl-project/sglang-jax cddbf6f1 (`layers/attention/
-native_backend.py`, `NativeAttention.__call__` and `_get_and_update_kv_cache`).
+(`patches/upstream_fixes.py`). Checked against sgl-project/sglang-jax cddbf6f1
+(`layers/attention/native_backend.py`, `NativeAttention.__call__` and
+`_get_and_update_kv_cache`).
 
 With `dp_size > 1` the scheduler lays the batch out per dp rank (fixed-size sections of
 tokens, `seq_lens`, `cache_loc`), each rank's KV allocator hands out slot ids local to its

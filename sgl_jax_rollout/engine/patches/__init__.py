@@ -150,7 +150,10 @@ instead of raising.
   `cap * tanh(s * scale / cap) / scale`, which upstream then multiplies by `scale`.
 - `native_attention_per_rank`: wraps `NativeAttention.__call__` (the attention sgl-jax uses
   on CPU) so that with dp > 1 each dp rank attends over its own batch section and KV shard
-  (`dp_attention.py`); upstream mixes the ranks. One dp rank: upstream runs unchanged.
+  (`dp_attention.py`). An upstream bug fix: `NativeAttention.__call__` and
+  `_get_and_update_kv_cache` (`layers/attention/native_backend.py`) treat a dp > 1 batch as one
+  global batch, and `set_kv_buffer_legacy` (`mem_cache/memory_pool.py:716`) writes rank 1's
+  keys over rank 0's slots. One dp rank: upstream runs unchanged.
 - `cache_loc_copied`: wraps `ScheduleBatch._merge_cache_loc` so that on CPU each step's
   `cache_loc` (the KV slots attention reads) is a fresh array. Upstream returns a view of one
   persistent host buffer (`req_to_token_pool.cache_loc_host_buf`, `schedule_batch.py:2400,
