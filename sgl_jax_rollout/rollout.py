@@ -8,6 +8,7 @@ live in `sgl_jax_rollout.engine`, sampling math in `sgl_jax_rollout.sampling`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from collections.abc import Mapping
@@ -183,6 +184,30 @@ class SglangJaxRollout(BaseRollout):
         del filter_types  # the cluster already filtered the state it passes; names tell LoRA
         base, lora = split_update(params, self._actor)
         self._engine.update_weights(base, lora=lora)
+
+    def release_memory(self, weights: bool = False) -> dict[str, int]:
+        """Frees the engine's KV pool on the devices (and with `weights` its parameters) while
+        the trainer runs; waits for a running call first. Returns the bytes freed
+        (`{"kv_bytes": ..., "weight_bytes": ...}`). Until `resume_memory`, `generate`, scoring
+        and sessions raise RuntimeError naming the release (`engine.memory`)."""
+        released = self._engine.release_memory(weights)
+        return {"kv_bytes": released.kv_bytes, "weight_bytes": released.weight_bytes}
+
+    def resume_memory(self) -> None:
+        """Brings the KV pool back, empty (the prefix cache was flushed), with the same shapes
+        and shardings: nothing recompiles. After `release_memory(weights=True)` the next
+        `update_params` must come before any `generate` (which raises until then)."""
+        self._engine.resume_memory()
+
+    @contextlib.contextmanager
+    def released_memory(self, weights: bool = False):
+        """`with rollout.released_memory(): train()`: released inside, resumed on the way out
+        (also when the block raises). Yields `release_memory`'s byte counts."""
+        freed = self.release_memory(weights)
+        try:
+            yield freed
+        finally:
+            self.resume_memory()
 
     def pad_id(self) -> int:
         return self._tokenizer.pad_id()

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import zmq
 
-from sgl_jax_rollout.engine import patches, upstream
+from sgl_jax_rollout.engine import memory, patches, upstream
 from sgl_jax_rollout.engine.availability import require_sgl_jax
 from sgl_jax_rollout.engine.collector import Collector, Completion
 from sgl_jax_rollout.engine.lora import LoraLayout, engine_lora_args
@@ -108,6 +108,8 @@ class RolloutEngine:
         self._scheduler = None
         self.model_runner = None
         self._weights = None
+        self._released: memory.Released | None = None  # set between release and resume
+        self._weights_pending = False  # resumed without weights: update_weights comes first
 
         server_args = settings.server_args(str(model_path), jax.default_backend())
         if lora is not None:
@@ -194,7 +196,7 @@ class RolloutEngine:
         ]
         rids = [uuid.uuid4().hex for _ in range(rows)]
         with self._lock:
-            self._check_open()
+            self._check_serving("generate")
             self._abort_reason = None
             try:
                 for rid, spec in zip(rids, specs, strict=True):
@@ -237,7 +239,7 @@ class RolloutEngine:
             ids[i] = (prompt, self._checked_ids(completions[i], f"completion {i}"))
         rids = [uuid.uuid4().hex for _ in rows]
         with self._lock:
-            self._check_open()
+            self._check_serving("score")
             self._abort_reason = None
             try:
                 outputs = self._submit(
@@ -344,6 +346,8 @@ class RolloutEngine:
     # Weights.
     def engine_state(self):
         self._check_open()
+        if self._released is not None and self._released.weights is not None:
+            raise RuntimeError("engine_state: the engine's weights are released; resume first")
         return self._weights.engine_state()
 
     def update_weights(self, params: Any, lora: Any = None) -> None:
@@ -355,8 +359,14 @@ class RolloutEngine:
         """
         with self._lock:
             self._check_open()
+            if self._released is not None and self._released.weights is not None:
+                raise RuntimeError(
+                    "update_params: the engine's weights are released (release_memory("
+                    "weights=True)); call resume_memory() first, then update_params"
+                )
             leaves = self._weights.prepare(params, lora)
             self._when_idle(lambda scheduler: self._swap_and_flush(scheduler, leaves))
+            self._weights_pending = False
 
     def _swap_and_flush(self, scheduler: Any, leaves: list) -> None:
         self._weights.swap(leaves)
@@ -364,13 +374,62 @@ class RolloutEngine:
         if not flushed:  # cannot happen while fully idle; never serve stale prefixes silently
             raise RuntimeError(f"prefix cache flush failed after the weight swap: {message}")
 
+    # Memory.
+    def release_memory(self, weights: bool = False) -> memory.Released:
+        """Frees the KV pool (and with `weights` the model's parameters) on the devices, after
+        the running call if one runs (it waits for it); flushes the prefix cache first. Until
+        `resume_memory`, every call that needs them raises RuntimeError naming the release."""
+        with self._lock:
+            self._check_open()
+            if self._released is not None:
+                raise RuntimeError("release_memory: the engine's memory is already released")
+            self._released = self._when_idle(lambda scheduler: self._release(scheduler, weights))
+            return self._released
+
+    def resume_memory(self) -> None:
+        """Allocates the KV pool again (same shapes and shardings: no recompile), empty;
+        after a release with weights, they come back as zeros and `update_weights` must come
+        before any `generate` or `score`. Does nothing when nothing is released."""
+        with self._lock:
+            self._check_open()
+            if self._released is None:
+                return
+            released = self._released
+            weights = self._when_idle(lambda scheduler: memory.resume(released))
+            if weights is not None:
+                self._when_idle(lambda scheduler: self._weights.swap(weights))
+                self._weights_pending = True
+            self._released = None
+
+    def _release(self, scheduler: Any, weights: bool) -> memory.Released:
+        flushed, message, _ = scheduler.flush_cache()
+        if not flushed:  # cannot happen while fully idle; never keep prefixes of freed KV
+            raise RuntimeError(f"release_memory: the prefix cache flush failed: {message}")
+        # The sampler's per-slot state and the last rows on the device go too; the next step
+        # makes them anew (no request runs: the scheduler is idle).
+        self._hooks.slot_state = self._hooks.placed_rows = self._hooks.decode_rows = None
+        return memory.release(self.model_runner, weights)
+
+    def _check_serving(self, what: str) -> None:
+        self._check_open()
+        if self._released is not None:
+            raise RuntimeError(
+                f"{what}: the engine's memory is released (release_memory); call "
+                "resume_memory() first"
+            )
+        if self._weights_pending:
+            raise RuntimeError(
+                f"{what}: the engine's weights were released and are not back yet; call "
+                "update_params with the trainer's weights first"
+            )
+
     def _when_idle(self, fn) -> Any:
         future = self._hooks.idle_work.submit(fn)
         concurrent.futures.wait([future, self._hooks.ended], STOP_TIMEOUT_S, FIRST_COMPLETED)
         if future.done() or not future.cancel():
             return future.result()
         if self._hooks.ended.done():
-            raise RuntimeError(f"{self._hooks.ended.result()}; the weights were not swapped")
+            raise RuntimeError(f"{self._hooks.ended.result()}; the idle work was not done")
         raise RuntimeError(
             f"the engine's scheduler did not become idle within {STOP_TIMEOUT_S:.0f}s"
         )

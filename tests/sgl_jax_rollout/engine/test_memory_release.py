@@ -1,0 +1,151 @@
+"""Releasing the engine's memory while the trainer runs, and resuming (engine-marked; its own
+engine, started before the session rollout's: tests/conftest.py).
+
+Measured on the live device arrays of this process (`engine.memory.live_bytes`; CPU has no
+allocator statistics): a release leaves at most 5% of the KV pool (and of the weights, when
+they go too); while released, every call that needs the engine raises naming the release;
+a resume recompiles nothing, leaves the prefix cache empty and samples what the engine
+sampled before (same seeds: same tokens, logprobs within 1e-6); released weights come back
+only through `update_params`, and `generate` raises until then; a release waits for a
+running call, which completes whole; cycles leak nothing.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.engine
+
+PROMPTS = ["the quick brown fox", "hello world again"]
+
+
+@pytest.fixture(scope="module")
+def rollout(tiny_dir):
+    from sgl_jax_rollout.engine.settings import EngineSettings
+    from sgl_jax_rollout.rollout import SglangJaxRollout
+
+    settings = EngineSettings(
+        context_length=256,
+        max_prefill_tokens=256,
+        precompile_token_paddings=(256,),
+        max_running_requests=4,
+        precompile_bs_paddings=(4,),
+        max_total_tokens=4096,
+    )
+    rollout = SglangJaxRollout(model_path=tiny_dir, engine_settings=settings)
+    yield rollout
+    rollout.shutdown()
+
+
+def config(**changes):
+    from sgl_jax_rollout.tunix_compat import RolloutConfig
+
+    base = dict(
+        max_tokens_to_generate=16,
+        max_prompt_length=64,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=None,
+        seed=[1, 2],
+        return_logprobs=True,
+    )
+    return RolloutConfig(**{**base, **changes})
+
+
+def assert_same_samples(a, b) -> None:
+    for x, y in zip(a.tokens, b.tokens, strict=True):
+        np.testing.assert_array_equal(x, y)
+    for x, y in zip(a.logprobs, b.logprobs, strict=True):
+        np.testing.assert_allclose(x, y, atol=1e-6, rtol=0)
+
+
+def cached_tokens(rollout) -> int:
+    return int(rollout.engine._scheduler.tree_cache.total_size())
+
+
+def test_a_release_frees_the_kv_pool_and_a_resume_samples_as_before(rollout):
+    from sgl_jax_rollout.engine.memory import live_bytes
+    from sgl_jax_rollout.utils.compiles import count_compiles
+
+    before = rollout.generate(PROMPTS, config())
+    assert cached_tokens(rollout) > 0
+    held = live_bytes()
+    freed = rollout.release_memory()
+    kv = freed["kv_bytes"]
+    assert kv > 0 and freed["weight_bytes"] == 0
+    assert live_bytes() <= held - 0.95 * kv
+    with pytest.raises(RuntimeError, match="generate: the engine's memory is released"):
+        rollout.generate(PROMPTS, config())
+    with pytest.raises(RuntimeError, match="score: the engine's memory is released"):
+        rollout.get_per_token_logps(
+            np.asarray(before.left_padded_prompt_tokens), np.asarray([[5, 6], [7, 8]])
+        )
+    with pytest.raises(RuntimeError, match="already released"):
+        rollout.release_memory()
+    rollout.resume_memory()
+    assert cached_tokens(rollout) == 0
+    assert live_bytes() >= held - 0.05 * kv
+    with count_compiles() as compiles:
+        after = rollout.generate(PROMPTS, config())
+    assert compiles.count == 0
+    assert_same_samples(before, after)
+
+
+def test_released_weights_come_back_through_update_params(rollout, trainer):
+    from flax import nnx
+
+    from sgl_jax_rollout.engine.memory import live_bytes
+
+    before = rollout.generate(PROMPTS, config())
+    held = live_bytes()
+    with rollout.released_memory(weights=True) as freed:
+        assert freed["weight_bytes"] > 0
+        assert live_bytes() <= held - 0.95 * (freed["kv_bytes"] + freed["weight_bytes"])
+        with pytest.raises(RuntimeError, match="call resume_memory\\(\\) first, then update"):
+            rollout.update_params(nnx.state(trainer, nnx.Param))
+    with pytest.raises(RuntimeError, match="generate: the engine's weights were released"):
+        rollout.generate(PROMPTS, config())
+    rollout.update_params(nnx.state(trainer, nnx.Param))
+    assert_same_samples(before, rollout.generate(PROMPTS, config()))
+
+
+def test_a_release_waits_for_the_running_call(rollout):
+    import time
+
+    long = config(max_tokens_to_generate=120, seed=[3, 4])
+    result = {}
+
+    def call():
+        try:
+            result["out"] = rollout.generate(PROMPTS, long, ignore_eos=True)
+        except Exception as err:  # reported below
+            result["error"] = err
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    while not rollout.engine._lock.locked() and thread.is_alive():  # the call holds the engine
+        time.sleep(0.001)
+    freed = rollout.release_memory()  # takes the engine after the call
+    thread.join()
+    rollout.resume_memory()
+    assert "error" not in result, result
+    assert freed["kv_bytes"] > 0
+    assert [len(t) for t in result["out"].tokens] == [120, 120]
+
+
+def test_cycles_leak_nothing_and_compile_nothing(rollout):
+    from sgl_jax_rollout.engine.memory import live_bytes
+    from sgl_jax_rollout.utils.compiles import count_compiles
+
+    first = None
+    with count_compiles() as compiles:
+        for _ in range(5):
+            with rollout.released_memory():
+                pass
+            rollout.generate(PROMPTS, config())
+            first = first if first is not None else live_bytes()
+    assert compiles.count == 0
+    assert live_bytes() == first
