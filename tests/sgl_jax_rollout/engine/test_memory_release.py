@@ -41,18 +41,9 @@ def rollout(tiny_dir):
 
 
 def config(**changes):
-    from sgl_jax_rollout.tunix_compat import RolloutConfig
+    from tests.sgl_jax_rollout.test_rollout import config as rollout_config
 
-    base = dict(
-        max_tokens_to_generate=16,
-        max_prompt_length=64,
-        temperature=1.0,
-        top_p=1.0,
-        top_k=None,
-        seed=[1, 2],
-        return_logprobs=True,
-    )
-    return RolloutConfig(**{**base, **changes})
+    return rollout_config(**{"max_tokens_to_generate": 16, "seed": [1, 2], **changes})
 
 
 def assert_same_samples(a, b) -> None:
