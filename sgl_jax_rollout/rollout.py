@@ -185,12 +185,13 @@ class SglangJaxRollout(BaseRollout):
         base, lora = split_update(params, self._actor)
         self._engine.update_weights(base, lora=lora)
 
-    def release_memory(self, weights: bool = False) -> dict[str, int]:
+    def release_memory(self, weights: bool = False, resume_on_use: bool = False) -> dict[str, int]:
         """Frees the engine's KV pool on the devices (and with `weights` its parameters) while
         the trainer runs; waits for a running call first. Returns the bytes freed
         (`{"kv_bytes": ..., "weight_bytes": ...}`). Until `resume_memory`, `generate`, scoring
-        and sessions raise RuntimeError naming the release (`engine.memory`)."""
-        released = self._engine.release_memory(weights)
+        and sessions raise RuntimeError naming the release (`engine.memory`); with
+        `resume_on_use` the first of them (or `update_params`) resumes first instead."""
+        released = self._engine.release_memory(weights, resume_on_use)
         return {"kv_bytes": released.kv_bytes, "weight_bytes": released.weight_bytes}
 
     def resume_memory(self) -> None:

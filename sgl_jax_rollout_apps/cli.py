@@ -166,6 +166,7 @@ def _demo(args: argparse.Namespace) -> int:
             preset=args.preset,
             task=args.task,
             eval_problems=args.eval_problems,
+            release_memory=args.release_memory,
             **_run_size_fields(args),
         )
         share(config)
@@ -448,10 +449,18 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         help="train qwix LoRA adapters of this rank on the actor (default 0: full weights); "
-        "the engine serves the merged weights",
+        "the engine serves them unmerged",
     )
     demo.add_argument(
         "--lora-alpha", type=float, default=None, help="LoRA alpha (scaling alpha/rank, 16)"
+    )
+    demo.add_argument(
+        "--release-memory",
+        choices=("auto", "kv", "weights", "off"),
+        default="auto",
+        help="the rollout engine's device memory while the trainer updates: auto frees its KV "
+        "pool where it shares the actor's devices (the default), weights its parameters too "
+        "(back with the next sync), off keeps both; the step line prints what was freed",
     )
     demo.set_defaults(func=_demo)
 

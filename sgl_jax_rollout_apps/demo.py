@@ -43,7 +43,10 @@ REPORTED = {
     "zero_variance_group_frac": "rewards/zero_variance_group_frac",
     "forking_kept_frac": "rollout/forking_kept_token_frac",
     "is_weight_mean": "off_policy/weight_mean",
+    "memory_released_bytes": "rollout/memory_released_bytes",
 }
+# --release-memory: `build_cluster`'s `release_rollout_memory`.
+RELEASE_MEMORY = {"auto": True, "kv": "kv", "weights": "weights", "off": False}
 # Sized for the demo's batches (16 samples x (prompt + 16 tokens)) on CPU; `--preset` replaces
 # them with the preset's.
 DEMO_ENGINE_SETTINGS = dict(
@@ -134,6 +137,9 @@ class DemoConfig:
     preset: str | None = None  # a tpu_configs name: meshes and engine settings of that slice
     lora_rank: int = 0  # > 0: train qwix LoRA adapters of this rank on the actor
     lora_alpha: float = 16.0
+    # the engine's memory while the trainer updates (RELEASE_MEMORY): "auto" frees its KV pool
+    # where the rollout shares the actor's devices
+    release_memory: str = "auto"
     show_progress: bool = True
     task: str | None = None  # a name of tasks.TASKS; None: the toy task
     eval_every: int = 10  # with a task: held-out greedy accuracy every this many steps
@@ -144,6 +150,11 @@ class DemoConfig:
             raise ValueError(f"algo must be one of {ALGOS}, got {self.algo!r}")
         if self.rollout not in ROLLOUTS:
             raise ValueError(f"rollout must be one of {ROLLOUTS}, got {self.rollout!r}")
+        if self.release_memory not in RELEASE_MEMORY:
+            raise ValueError(
+                f"release_memory must be one of {sorted(RELEASE_MEMORY)}, got "
+                f"{self.release_memory!r}"
+            )
         if self.rollout == "both" and self.task is None:
             raise ValueError("rollout='both' needs a task: the comparison is of task runs")
         if self.task is not None:
@@ -307,6 +318,7 @@ def build(config: DemoConfig):
         with_critic=config.algo == "ppo",
         preset=preset,
         lora={"rank": config.lora_rank, "alpha": config.lora_alpha} if config.lora_rank else None,
+        release_rollout_memory=RELEASE_MEMORY[config.release_memory],
     )
     if config.task is not None:
         from sgl_jax_rollout_apps.tasks import task
@@ -445,6 +457,8 @@ def _line(row: dict[str, float]) -> str:
     if "logp_diff_mean" in row:
         parts.append(f"|logp trainer-rollout| mean {row['logp_diff_mean']:.2e}")
         parts.append(f"max {row['logp_diff_max']:.2e}")
+    if row.get("memory_released_bytes"):
+        parts.append(f"released {row['memory_released_bytes'] / 2**20:.1f} MiB")
     return "  ".join(parts)
 
 

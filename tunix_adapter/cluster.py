@@ -16,6 +16,11 @@ logprobs of step 0 (`get_actor_per_token_logps`) are available before the first 
 and tunix never syncs). With one JAX process per host, its trainer scoring takes every
 process's share of the batch and gives each process its own rows back (`_per_process`).
 
+Where the rollout shares the actor's devices, its engine frees its KV pool (or also its
+weights) before each trainer update and takes it back at its next call
+(`release_rollout_memory`; the bytes are logged and buffered as
+`rollout/memory_released_bytes`).
+
 `build_cluster` loads the actor (and reference, and a critic for PPO) from a model directory
 (the built-in tiny model by default) on one mesh and picks the rollout engine:
 `"sglang_jax"` (our `SglangJaxRollout`) or `"vanilla"` (`VanillaRolloutWithEntropy`).
@@ -27,6 +32,7 @@ import contextlib
 import dataclasses
 import functools
 import itertools
+import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -34,11 +40,13 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from sgl_jax_rollout.rollout import RolloutOutputWithEntropy
 from sgl_jax_rollout.tunix_compat import (
     ClusterConfig,
+    Mode,
     RLCluster,
     RLTrainingConfig,
     Role,
@@ -50,12 +58,26 @@ from tunix_adapter.models import load_tunix_model, vocab_size
 from tunix_adapter.process_batch import global_batch, local_rows
 from tunix_adapter.upstream_fixes import fix_sharing_check
 
+logger = logging.getLogger(__name__)
+
 ROLLOUTS = ("sglang_jax", "vanilla")
 
 
 class RolloutCluster(RLCluster):
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, release_rollout_memory: str | None = None, **kwargs: Any
+    ) -> None:
+        """tunix's `RLCluster` plus what our learners read of a batch. `release_rollout_memory`
+        ("kv", "weights" or None): before each trainer update the rollout engine frees its KV
+        pool (and with "weights" its parameters), and takes them back at its next call
+        (`SglangJaxRollout.release_memory(resume_on_use=True)`); None keeps them."""
+        if release_rollout_memory not in RELEASES:
+            raise ValueError(
+                f"release_rollout_memory must be one of {RELEASES}, got {release_rollout_memory!r}"
+            )
         super().__init__(*args, **kwargs)
+        self.release_rollout_memory = release_rollout_memory
+        self.memory_released: dict[str, int] | None = None  # the bytes of the last release
         self.last_rollout: RolloutOutputWithEntropy | None = None
         self._batch = threading.local()  # rollout parts, result, old-policy answer
         self._record_rollout_parts()
@@ -81,6 +103,32 @@ class RolloutCluster(RLCluster):
         if answer is not None:
             return answer(*args, **kwargs)
         return super().get_old_per_token_logps(*args, **kwargs)
+
+    def update_actor(self, *args: Any, **kwargs: Any) -> Any:
+        self._release_rollout_memory()
+        return super().update_actor(*args, **kwargs)
+
+    def update_critic(self, *args: Any, **kwargs: Any) -> Any:
+        self._release_rollout_memory()
+        return super().update_critic(*args, **kwargs)
+
+    def _release_rollout_memory(self) -> None:
+        """Frees the rollout engine's memory for the trainer's update, once per update run
+        (the next rollout call takes it back)."""
+        if self.release_rollout_memory is None or self.rollout.engine.released:
+            return
+        weights = self.release_rollout_memory == "weights"
+        freed = self.rollout.release_memory(weights=weights, resume_on_use=True)
+        self.memory_released = freed
+        total = freed["kv_bytes"] + freed["weight_bytes"]
+        logger.info(
+            "rollout engine released %.1f MiB for the trainer's update (KV pool %.1f, "
+            "weights %.1f); it resumes at its next call",
+            total / 2**20,
+            freed["kv_bytes"] / 2**20,
+            freed["weight_bytes"] / 2**20,
+        )
+        self.buffer_metrics({"rollout/memory_released_bytes": (total, np.mean)}, mode=Mode.TRAIN)
 
     def _record_rollout_parts(self) -> None:
         """Wraps the rollout's `generate` once: while a thread runs `generate` below, each
@@ -160,6 +208,7 @@ class RolloutCluster(RLCluster):
         return result
 
 
+RELEASES = (None, "kv", "weights")
 LORA_MODULES = (
     ".*q_proj|.*k_proj|.*v_proj|.*o_proj|.*gate_proj|.*up_proj|.*down_proj"
     # Gemma's attention einsums (tunix's Gemma GRPO examples adapt these names)
@@ -207,6 +256,7 @@ def build_cluster(
     with_critic: bool = False,
     preset: Any = None,
     lora: Mapping[str, Any] | None = None,
+    release_rollout_memory: str | bool | None = True,
 ) -> RolloutCluster:
     """A `RolloutCluster` for `model_path` with the named rollout.
 
@@ -218,6 +268,12 @@ def build_cluster(
     `lora` ({"rank": r, "alpha": a, "module_path": regex, "seed": s}: qwix's `LoraProvider`
     fields and the adapters' init seed) trains LoRA adapters on the actor; the rollout serves
     them unmerged, on the engine's LoRA path (`sgl_jax_rollout.engine.lora`).
+
+    `release_rollout_memory`: where the sgl-jax rollout shares the actor's devices, its engine
+    frees its KV pool while the trainer updates ("kv"; True, the default, means "kv" there and
+    None elsewhere), also its weights ("weights": they come back with the next weight sync),
+    or keeps everything (False / None). On devices of its own it keeps everything; asking for
+    a release there is refused by name.
     """
     if rollout not in ROLLOUTS:
         raise ValueError(f"rollout must be one of {ROLLOUTS}, got {rollout!r}")
@@ -265,6 +321,7 @@ def build_cluster(
     critic = None
     if with_critic:
         critic = create_critic_model(load_tunix_model(model_path, mesh))
+    release = _memory_release(release_rollout_memory, rollout, shared=rollout_mesh == mesh)
     config = ClusterConfig(
         role_to_mesh={role: rollout_mesh if role == Role.ROLLOUT else mesh for role in Role},
         rollout_engine=engine,
@@ -277,7 +334,28 @@ def build_cluster(
         reference=load_tunix_model(model_path, mesh) if with_reference else None,
         tokenizer=_pad_safe_tokenizer(model_path, actor),
         cluster_config=config,
+        release_rollout_memory=release,
     )
+
+
+def _memory_release(option: str | bool | None, rollout: str, shared: bool) -> str | None:
+    """`build_cluster`'s `release_rollout_memory` as `RolloutCluster` takes it."""
+    if option is True:
+        return "kv" if shared and rollout == "sglang_jax" else None
+    if option in (False, None):
+        return None
+    if option not in RELEASES:
+        raise ValueError(
+            f"release_rollout_memory must be True, False, None or one of {RELEASES[1:]}, got "
+            f"{option!r}"
+        )
+    if rollout != "sglang_jax" or not shared:
+        raise ValueError(
+            f"release_rollout_memory={option!r} needs the sglang_jax rollout on the actor's "
+            f"devices (here: rollout {rollout!r}, shared devices {shared}): a rollout on "
+            "devices of its own frees nothing the trainer can use"
+        )
+    return option
 
 
 def _pad_safe_tokenizer(model_path: Path, actor: Any) -> Any:

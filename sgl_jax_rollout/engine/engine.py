@@ -109,6 +109,7 @@ class RolloutEngine:
         self.model_runner = None
         self._weights = None
         self._released: memory.Released | None = None  # set between release and resume
+        self._resume_on_use = False  # the next call that needs the engine resumes it
         self._weights_pending = False  # resumed without weights: update_weights comes first
 
         server_args = settings.server_args(str(model_path), jax.default_backend())
@@ -359,6 +360,8 @@ class RolloutEngine:
         """
         with self._lock:
             self._check_open()
+            if self._released is not None and self._resume_on_use:
+                self._resume()
             if self._released is not None and self._released.weights is not None:
                 raise RuntimeError(
                     "update_params: the engine's weights are released (release_memory("
@@ -375,16 +378,22 @@ class RolloutEngine:
             raise RuntimeError(f"prefix cache flush failed after the weight swap: {message}")
 
     # Memory.
-    def release_memory(self, weights: bool = False) -> memory.Released:
+    def release_memory(self, weights: bool = False, resume_on_use: bool = False) -> memory.Released:
         """Frees the KV pool (and with `weights` the model's parameters) on the devices, after
         the running call if one runs (it waits for it); flushes the prefix cache first. Until
-        `resume_memory`, every call that needs them raises RuntimeError naming the release."""
+        `resume_memory`, every call that needs them raises RuntimeError naming the release;
+        with `resume_on_use`, the first such call resumes instead (what a learner asks)."""
         with self._lock:
             self._check_open()
             if self._released is not None:
                 raise RuntimeError("release_memory: the engine's memory is already released")
             self._released = self._when_idle(lambda scheduler: self._release(scheduler, weights))
+            self._resume_on_use = resume_on_use
             return self._released
+
+    @property
+    def released(self) -> bool:
+        return self._released is not None
 
     def resume_memory(self) -> None:
         """Allocates the KV pool again (same shapes and shardings: no recompile), empty;
@@ -392,14 +401,19 @@ class RolloutEngine:
         before any `generate` or `score`. Does nothing when nothing is released."""
         with self._lock:
             self._check_open()
-            if self._released is None:
-                return
-            released = self._released
-            weights = self._when_idle(lambda scheduler: memory.resume(released))
-            if weights is not None:
-                self._when_idle(lambda scheduler: self._weights.swap(weights))
-                self._weights_pending = True
-            self._released = None
+            self._resume()
+
+    def _resume(self) -> None:
+        """`resume_memory`, with the lock held."""
+        if self._released is None:
+            return
+        released = self._released
+        weights = self._when_idle(lambda scheduler: memory.resume(released))
+        if weights is not None:
+            self._when_idle(lambda scheduler: self._weights.swap(weights))
+            self._weights_pending = True
+        self._released = None
+        self._resume_on_use = False
 
     def _release(self, scheduler: Any, weights: bool) -> memory.Released:
         flushed, message, _ = scheduler.flush_cache()
@@ -412,6 +426,8 @@ class RolloutEngine:
 
     def _check_serving(self, what: str) -> None:
         self._check_open()
+        if self._released is not None and self._resume_on_use:
+            self._resume()
         if self._released is not None:
             raise RuntimeError(
                 f"{what}: the engine's memory is released (release_memory); call "

@@ -23,6 +23,7 @@ No sgl_jax import: reads the runner's attributes (`memory_pools`, `model_state_l
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
@@ -40,7 +41,7 @@ class Spec:
         return cls(tuple(array.shape), array.dtype, array.sharding)
 
     def zeros(self) -> jax.Array:
-        return jnp.zeros(self.shape, self.dtype, device=self.sharding)
+        return _zeros_program(self)()
 
     @property
     def nbytes(self) -> int:
@@ -86,9 +87,13 @@ def kv_lists(runner: Any) -> list[list]:
 
 
 def release(runner: Any, weights: bool) -> Released:
-    """Deletes the KV buffers (and with `weights` the model's parameters) in place."""
+    """Deletes the KV buffers (and with `weights` the model's parameters) in place; the
+    programs that make their zero replacements are compiled first (once per shape), so a
+    resume compiles nothing."""
     kv = [(buffers, [Spec.of(b) for b in buffers]) for buffers in kv_lists(runner)]
     weight_specs = [Spec.of(x) for x in runner.model_state_leaves] if weights else None
+    for spec in {s for _, specs in kv for s in specs} | set(weight_specs or ()):
+        _zeros_program(spec)
     for buffers, _ in kv:
         for buffer in buffers:
             buffer.delete()
@@ -106,6 +111,14 @@ def resume(released: Released) -> list[jax.Array] | None:
     if released.weights is None:
         return None
     return [spec.zeros() for spec in released.weights]
+
+
+@functools.cache
+def _zeros_program(spec: Spec):
+    """A compiled program making zeros of `spec` on its sharding (on the devices, never a
+    host buffer of the pool's size)."""
+    make = jax.jit(lambda: jnp.zeros(spec.shape, spec.dtype), out_shardings=spec.sharding)
+    return make.lower().compile()
 
 
 def live_bytes() -> int:

@@ -66,6 +66,9 @@ def test_grpo_and_egpo_steps_train_on_rollout_logprobs_and_sync_the_engine(tiny_
     # weights were synced to the engine after each step.
     assert history[0]["logp_diff_max"] < 1e-4, history[0]
     assert all(row["logp_diff_max"] < 1e-4 for row in history), history
+    # ... with the engine's KV pool released for every trainer update (the default where
+    # the rollout shares the actor's devices) and taken back by the next rollout.
+    assert all(row["memory_released_bytes"] > 0 for row in history), history
     # After training the engine serves the trained weights: greedy outputs changed, and they
     # are the trained actor's own argmax.
     assert last["tokens"] != first["tokens"]
