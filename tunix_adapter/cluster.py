@@ -321,7 +321,8 @@ def build_cluster(
     critic = None
     if with_critic:
         critic = create_critic_model(load_tunix_model(model_path, mesh))
-    release = _memory_release(release_rollout_memory, rollout, shared=rollout_mesh == mesh)
+    shared = bool(set(rollout_mesh.devices.flat) & set(mesh.devices.flat))
+    release = _memory_release(release_rollout_memory, rollout, shared=shared)
     config = ClusterConfig(
         role_to_mesh={role: rollout_mesh if role == Role.ROLLOUT else mesh for role in Role},
         rollout_engine=engine,
