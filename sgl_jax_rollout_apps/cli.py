@@ -98,13 +98,27 @@ def _bench(args: argparse.Namespace) -> int:
         from sgl_jax_rollout_apps.bench import sampler_bench
 
         result = sampler_bench.run(steps=args.steps)
+    elif args.target == "memory":
+        if _engine_missing():
+            return 2
+        from sgl_jax_rollout_apps.bench import memory_bench
+
+        result = memory_bench.run(
+            model_dir=args.model_path,
+            runs=args.runs,
+            cycles=args.cycles or 20,
+            real_size_layers=args.real_size_layers,
+        )
     elif args.target == "soak":
         if _engine_missing():
             return 2
         from sgl_jax_rollout_apps.bench import soak
 
         result = soak.run(
-            requests=args.requests, cycles=args.cycles, seed=args.seed, model_path=args.model_path
+            requests=args.requests,
+            cycles=args.cycles or 50,
+            seed=args.seed,
+            model_path=args.model_path,
         )
     else:
         if _engine_missing():
@@ -562,25 +576,28 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="benchmarks printing one JSON object")
     bench.add_argument(
         "target",
-        choices=["sampler", "rollout", "weights", "soak"],
+        choices=["sampler", "rollout", "weights", "soak", "memory"],
         help="sampler: ms per sampling step; rollout: tokens/s of the rollouts; weights: "
         "update_params vs device_put; soak: many mixed requests, every completion checked "
-        "(exit 1 on a bad one or on memory growth)",
+        "(exit 1 on a bad one or on memory growth); memory: the engine's memory released "
+        "and resumed (exit 1 on a missed target)",
     )
     bench.add_argument("--json", action="store_true", help="print compact JSON on one line")
     bench.add_argument("--steps", type=int, default=20, help="sampler: timed steps (>= 20)")
-    bench.add_argument("--runs", type=int, default=5, help="rollout / weights: timed runs (>= 5)")
+    bench.add_argument(
+        "--runs", type=int, default=5, help="rollout / weights / memory: timed runs (>= 5)"
+    )
     bench.add_argument(
         "--model-path",
         default=None,
-        help="rollout / weights / soak: HF model dir (default: tiny model)",
+        help="rollout / weights / soak / memory: HF model dir (default: tiny model)",
     )
     bench.add_argument(
         "--real-size-layers",
         type=int,
         default=2,
-        help="rollout: layers of the second, Qwen3-0.6B-sized model (generated offline on first "
-        "use, 620 MB + 63 MB per layer; 0 skips it)",
+        help="rollout / memory: layers of the second, Qwen3-0.6B-sized model (generated "
+        "offline on first use, 620 MB + 63 MB per layer; 0 skips it)",
     )
     bench.add_argument(
         "--starts",
@@ -597,8 +614,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--cycles",
         type=int,
-        default=50,
-        help="soak: generate + update_params cycles measured for memory growth (>= 1)",
+        default=None,
+        help="soak: generate + update_params cycles measured for memory growth (>= 1, 50); "
+        "memory: release / resume / generate cycles (20)",
     )
     bench.add_argument("--seed", type=int, default=0, help="soak: prompts, mix and sampling")
     bench.set_defaults(func=_bench)
