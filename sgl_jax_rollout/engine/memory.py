@@ -17,7 +17,8 @@ tokenizer manager sends `ReleaseMemoryOccupationReqInput` but the scheduler's di
 (`managers/scheduler.py`, `TypeBasedDispatcher`) has no handler for it, so the call waits
 forever. The prefix cache is flushed first (its KV is gone), by the caller.
 
-No sgl_jax import: reads the runner's attributes (`memory_pools`, `model_state_leaves`).
+No sgl_jax import: reads the runner's attributes (`memory_pools`, `model_state_leaves`; each
+listed in `upstream.ATTRIBUTES`, checked at engine start).
 """
 
 from __future__ import annotations

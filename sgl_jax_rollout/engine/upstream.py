@@ -57,6 +57,8 @@ SYMBOLS: dict[str, tuple[str, str]] = {
     "AttentionType": ("layers.radix_attention", "AttentionType"),
     "NativeAttention": ("layers.attention.native_backend", "NativeAttention"),
     "MHATokenToKVPool": ("mem_cache.memory_pool", "MHATokenToKVPool"),
+    "SWAKVPool": ("mem_cache.memory_pool", "SWAKVPool"),
+    "MemoryPools": ("mem_cache.memory_pool", "MemoryPools"),
     "ReqToTokenPool": ("mem_cache.memory_pool", "ReqToTokenPool"),
     "Llama3RotaryEmbedding": ("layers.embeddings", "Llama3RotaryEmbedding"),
     "RoutedExpertsCapturerNoop": ("layers.routed_experts_capturer", "_RoutedExpertsCapturerNoop"),
@@ -147,8 +149,12 @@ ATTRIBUTES: dict[str, tuple[str, ...]] = {
     "ModelWorkerClient": ("worker", "input_queue", "forward_thread", "async_gather_fn"),
     "ModelRunner": (
         *("model", "model_state_leaves", "model_config", "mesh", "req_to_token_pool"),
-        *("_sampler_base_rng", "forward", "sample"),
+        *("_sampler_base_rng", "forward", "sample", "memory_pools"),
     ),
+    # memory.py (release / resume): the per-layer KV buffer lists, in place
+    "MemoryPools": ("_pools",),
+    "MHATokenToKVPool": ("kv_buffer",),
+    "SWAKVPool": ("swa_kv_pool", "full_kv_pool"),
     "ReqToTokenPool": ("size",),
     "DetokenizerManager": ("decode_status",),
     "BatchTokenIDOut": ("rids", "finished_reasons", "decode_ids"),
