@@ -23,7 +23,9 @@ PROMPTS = ["the quick brown fox", "hello world again"]
 
 
 @pytest.fixture(scope="module")
-def rollout(tiny_dir):
+def engine_rollout(tiny_dir):
+    """A rollout of its own (not named `rollout`: tests/conftest.py runs tests on that
+    session fixture after the ones with their own engine)."""
     from sgl_jax_rollout.engine.settings import EngineSettings
     from sgl_jax_rollout.rollout import SglangJaxRollout
 
@@ -53,57 +55,57 @@ def assert_same_samples(a, b) -> None:
         np.testing.assert_allclose(x, y, atol=1e-6, rtol=0)
 
 
-def cached_tokens(rollout) -> int:
-    return int(rollout.engine._scheduler.tree_cache.total_size())
+def cached_tokens(engine_rollout) -> int:
+    return int(engine_rollout.engine._scheduler.tree_cache.total_size())
 
 
-def test_a_release_frees_the_kv_pool_and_a_resume_samples_as_before(rollout):
+def test_a_release_frees_the_kv_pool_and_a_resume_samples_as_before(engine_rollout):
     from sgl_jax_rollout.engine.memory import live_bytes
     from sgl_jax_rollout.utils.compiles import count_compiles
 
-    before = rollout.generate(PROMPTS, config())
-    assert cached_tokens(rollout) > 0
+    before = engine_rollout.generate(PROMPTS, config())
+    assert cached_tokens(engine_rollout) > 0
     held = live_bytes()
-    freed = rollout.release_memory()
+    freed = engine_rollout.release_memory()
     kv = freed["kv_bytes"]
     assert kv > 0 and freed["weight_bytes"] == 0
     assert live_bytes() <= held - 0.95 * kv
     with pytest.raises(RuntimeError, match="generate: the engine's memory is released"):
-        rollout.generate(PROMPTS, config())
+        engine_rollout.generate(PROMPTS, config())
     with pytest.raises(RuntimeError, match="score: the engine's memory is released"):
-        rollout.get_per_token_logps(
+        engine_rollout.get_per_token_logps(
             np.asarray(before.left_padded_prompt_tokens), np.asarray([[5, 6], [7, 8]])
         )
     with pytest.raises(RuntimeError, match="already released"):
-        rollout.release_memory()
-    rollout.resume_memory()
-    assert cached_tokens(rollout) == 0
+        engine_rollout.release_memory()
+    engine_rollout.resume_memory()
+    assert cached_tokens(engine_rollout) == 0
     assert live_bytes() >= held - 0.05 * kv
     with count_compiles() as compiles:
-        after = rollout.generate(PROMPTS, config())
+        after = engine_rollout.generate(PROMPTS, config())
     assert compiles.count == 0
     assert_same_samples(before, after)
 
 
-def test_released_weights_come_back_through_update_params(rollout, trainer):
+def test_released_weights_come_back_through_update_params(engine_rollout, trainer):
     from flax import nnx
 
     from sgl_jax_rollout.engine.memory import live_bytes
 
-    before = rollout.generate(PROMPTS, config())
+    before = engine_rollout.generate(PROMPTS, config())
     held = live_bytes()
-    with rollout.released_memory(weights=True) as freed:
+    with engine_rollout.released_memory(weights=True) as freed:
         assert freed["weight_bytes"] > 0
         assert live_bytes() <= held - 0.95 * (freed["kv_bytes"] + freed["weight_bytes"])
         with pytest.raises(RuntimeError, match="call resume_memory\\(\\) first, then update"):
-            rollout.update_params(nnx.state(trainer, nnx.Param))
+            engine_rollout.update_params(nnx.state(trainer, nnx.Param))
     with pytest.raises(RuntimeError, match="generate: the engine's weights were released"):
-        rollout.generate(PROMPTS, config())
-    rollout.update_params(nnx.state(trainer, nnx.Param))
-    assert_same_samples(before, rollout.generate(PROMPTS, config()))
+        engine_rollout.generate(PROMPTS, config())
+    engine_rollout.update_params(nnx.state(trainer, nnx.Param))
+    assert_same_samples(before, engine_rollout.generate(PROMPTS, config()))
 
 
-def test_a_release_waits_for_the_running_call(rollout):
+def test_a_release_waits_for_the_running_call(engine_rollout):
     import time
 
     long = config(max_tokens_to_generate=120, seed=[3, 4])
@@ -111,32 +113,34 @@ def test_a_release_waits_for_the_running_call(rollout):
 
     def call():
         try:
-            result["out"] = rollout.generate(PROMPTS, long, ignore_eos=True)
+            result["out"] = engine_rollout.generate(PROMPTS, long, ignore_eos=True)
         except Exception as err:  # reported below
             result["error"] = err
 
     thread = threading.Thread(target=call)
     thread.start()
-    while not rollout.engine._lock.locked() and thread.is_alive():  # the call holds the engine
+    while (
+        not engine_rollout.engine._lock.locked() and thread.is_alive()
+    ):  # the call holds the engine
         time.sleep(0.001)
-    freed = rollout.release_memory()  # takes the engine after the call
+    freed = engine_rollout.release_memory()  # takes the engine after the call
     thread.join()
-    rollout.resume_memory()
+    engine_rollout.resume_memory()
     assert "error" not in result, result
     assert freed["kv_bytes"] > 0
     assert [len(t) for t in result["out"].tokens] == [120, 120]
 
 
-def test_cycles_leak_nothing_and_compile_nothing(rollout):
+def test_cycles_leak_nothing_and_compile_nothing(engine_rollout):
     from sgl_jax_rollout.engine.memory import live_bytes
     from sgl_jax_rollout.utils.compiles import count_compiles
 
     first = None
     with count_compiles() as compiles:
         for _ in range(5):
-            with rollout.released_memory():
+            with engine_rollout.released_memory():
                 pass
-            rollout.generate(PROMPTS, config())
+            engine_rollout.generate(PROMPTS, config())
             first = first if first is not None else live_bytes()
     assert compiles.count == 0
     assert live_bytes() == first
