@@ -212,7 +212,7 @@ RELEASES = (None, "kv", "weights")
 LORA_MODULES = (
     ".*q_proj|.*k_proj|.*v_proj|.*o_proj|.*gate_proj|.*up_proj|.*down_proj"
     # Gemma's attention einsums (tunix's Gemma GRPO examples adapt these names)
-    "|.*q_einsum|.*kv_einsum|.*qkv_einsum|.*attn_vec_einsum"
+    "|.*q_einsum|.*kv_einsum|.*k_einsum|.*qkv_einsum|.*attn_vec_einsum"
 )
 
 

@@ -1,7 +1,8 @@
 """Loading an HF checkpoint directory into tunix's nnx model (the trainer's copy).
 
 Owns the translation of an HF `config.json` into tunix's `ModelConfig` for the architectures
-tunix ships (qwen3, qwen2, llama, and Gemma 2 through `tunix.models.gemma`) and the call to
+tunix ships (qwen3, qwen2, llama, Gemma 2 through `tunix.models.gemma`, dense Gemma 4
+through `tunix.models.gemma4`, `gemma4_config`) and the call to
 tunix's own safetensors loader. tunix's Gemma fixes what Gemma 2's config could set otherwise
 (RoPE base 10,000, norm epsilon 1e-6, query scale `head_dim ** -0.5`; `models/gemma/
 model.py:288, 420, 715`): a config that differs is refused by name, never served against a
@@ -19,6 +20,7 @@ from typing import Any
 import jax
 
 from sgl_jax_rollout import tunix_compat
+from tunix_adapter.gemma4_config import gemma4_config
 from tunix_adapter.gemma_window import fix_sliding_window
 from tunix_adapter.rope import fix_rope, rope_config
 
@@ -48,10 +50,12 @@ def _tunix_config_and_package(model_dir: str | Path):
     if model_type == "gemma2":
         fix_sliding_window()  # tunix's window counts a left-padded row's padding
         return _gemma2_config(hf), "gemma"
+    if model_type == "gemma4":
+        return gemma4_config(hf), "gemma4"
     if model_type not in _TUNIX_MODELS:
         raise ValueError(
             "config.json model_type must be one of "
-            f"{sorted([*_TUNIX_MODELS, 'gemma2'])}, got {model_type!r}"
+            f"{sorted([*_TUNIX_MODELS, 'gemma2', 'gemma4'])}, got {model_type!r}"
         )
     package, tied_flag = _TUNIX_MODELS[model_type]
     model_lib = tunix_compat.model_module(package, "model")
@@ -131,8 +135,8 @@ def vocab_size(config: Any) -> int:
 def load_tunix_model(model_dir: str | Path, mesh: jax.sharding.Mesh | None = None):
     """The nnx model of `model_dir`, loaded by tunix's own safetensors loader."""
     config, package = _tunix_config_and_package(model_dir)
-    # tunix's gemma package names its safetensors loader's module differently
+    # tunix's Gemma packages name their safetensors loader's module differently
     params = tunix_compat.model_module(
-        package, "params_safetensors" if package == "gemma" else "params"
+        package, "params_safetensors" if package in ("gemma", "gemma4") else "params"
     )
     return params.create_model_from_safe_tensors(str(model_dir), config, mesh=mesh)

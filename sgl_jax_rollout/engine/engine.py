@@ -39,7 +39,7 @@ from sgl_jax_rollout.engine.collector import Collector, Completion
 from sgl_jax_rollout.engine.lora import LoraLayout, engine_lora_args
 from sgl_jax_rollout.engine.rope_scaling import check_rope_scaling
 from sgl_jax_rollout.engine.rows import RequestSpec, extra_sampler_configs
-from sgl_jax_rollout.engine.settings import EngineSettings
+from sgl_jax_rollout.engine.settings import EngineSettings, window_kv_differs
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +84,14 @@ class RolloutEngine:
                 "commit a larger page gives wrong logits to every request but the first of a "
                 "batch on the CPU attention backends"
             )
+        if lora is not None and (window_kv_differs(model_config) or "text_config" in model_config):
+            raise ValueError(
+                "LoRA is not served for this model: sgl-jax's LoRA manager reads the layer count "
+                "and one head_dim at the top of the config (srt/lora/lora_manager.py:103-112), "
+                "and this checkpoint nests its config under text_config or has layers of two "
+                "head sizes (Gemma 4); train without LoRA, or merge the adapters and sync the "
+                "full weights"
+            )
         settings = _on_devices(settings, jax.devices())
         from transformers import AutoTokenizer
 
@@ -91,7 +99,8 @@ class RolloutEngine:
         self.model_type = model_config.get("model_type", "")
         self.settings = settings
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        vocab = int(model_config["vocab_size"])
+        # a multimodal checkpoint (Gemma 4) nests its language model's config
+        vocab = int((model_config.get("text_config") or model_config)["vocab_size"])
         self.vocab_size = vocab
         valid = len(self.tokenizer) if len(self.tokenizer) < vocab else None
         self.collector = Collector()
@@ -112,7 +121,9 @@ class RolloutEngine:
         self._resume_on_use = False  # the next call that needs the engine resumes it
         self._weights_pending = False  # resumed without weights: update_weights comes first
 
-        server_args = settings.server_args(str(model_path), jax.default_backend())
+        server_args = settings.server_args(
+            str(model_path), jax.default_backend(), window_kv_differs(model_config)
+        )
         if lora is not None:
             server_args.update(engine_lora_args(lora))
         self.lora = lora  # the static LoRA layout served (None: no adapters)

@@ -1,10 +1,12 @@
-"""tunix's Gemma (Gemma 2) parameters in sgl-jax's Gemma 2 layout.
+"""tunix's Gemma 2 and Gemma 4 parameters in sgl-jax's Gemma 2 / Gemma 4 layouts.
 
-Owns `engine_params`: tunix ships no sgl-jax mapping for its Gemma (0.1.7 and main at
-c7d8950f: `tunix/models/gemma/` has no `mapping_sglang_jax`), so the update of a Gemma engine
-maps here, name by name, every parameter of tunix's `Gemma` onto sgl-jax's
-`Gemma2ForCausalLM` (`srt/models/gemma2.py` at cddbf6f1, `_create_weight_mappings`: the HF
-names, linear weights stored `[in, out]`):
+Owns `engine_params`: tunix ships no sgl-jax mapping for its Gemmas (0.1.7 and main at
+c7d8950f: `tunix/models/gemma/` and `tunix/models/gemma4/` have no `mapping_sglang_jax`), so
+the update of a Gemma engine maps here, name by name, every parameter of tunix's `Gemma` /
+`Gemma4` onto sgl-jax's `Gemma2ForCausalLM` (`srt/models/gemma2.py` at cddbf6f1,
+`_create_weight_mappings`) or `Gemma4ForConditionalGeneration` (`srt/models/gemma4.py`,
+`_create_gemma4_weight_mappings`): the HF names, linear weights stored `[in, out]`. The two
+families' tunix names do not collide, so one table serves both:
 
 | tunix | sgl-jax |
 |---|---|
@@ -16,8 +18,12 @@ names, linear weights stored `[in, out]`):
 | `layers.i.attn.qkv_einsum.w` `[3, N, D, H]` (N == K) | `...self_attn.{q,k,v}_proj.weight` |
 | `layers.i.attn.attn_vec_einsum.w` `[N, H, D]` | `...self_attn.o_proj.weight` `[N * H, D]` |
 | `layers.i.mlp.{gate,up,down}_proj.kernel` | `...mlp.{gate,up,down}_proj.weight` (same layout) |
+| Gemma 4: `layers.i.attn.k_einsum.w` `[K, D, H]` (keys = values) | `...self_attn.k_proj.weight` |
+| Gemma 4: `layers.i.attn._{query,key}_norm.scale` | `...self_attn.{q,k}_norm.weight` |
+| Gemma 4: `layers.i.skip_scale` | `model.layers.i.layer_scalar` |
 
-Both models keep Gemma's norm weights as `w` of `x * (1 + w)`. Pure jax.numpy reshapes:
+Both sides keep the norm weights alike (Gemma 2: `w` of `x * (1 + w)`; Gemma 4: `x * w`). Pure
+jax.numpy reshapes:
 traced into the engine's update program.
 
 LoRA (`engine_lora_buffers`): qwix adapts an einsum by its weight's contracted axes (A) and
@@ -37,15 +43,19 @@ from jaxtyping import Array
 
 _NORMS = {
     "pre_attention_norm": "input_layernorm",
-    "post_attn_norm": "post_attention_layernorm",
+    "post_attn_norm": "post_attention_layernorm",  # Gemma 2
+    "post_attention_norm": "post_attention_layernorm",  # Gemma 4
     "pre_ffw_norm": "pre_feedforward_layernorm",
     "post_ffw_norm": "post_feedforward_layernorm",
+    "attn._query_norm": "self_attn.q_norm",
+    "attn._key_norm": "self_attn.k_norm",
 }
 _LAYER = re.compile(r"layers\.(\d+)\.(.+)")
 # tunix Gemma module -> the sgl-jax Gemma 2 modules its adapters feed, in B's output order.
 ENGINE_MODULES = {
     "q_einsum": ("q_proj",),
     "kv_einsum": ("k_proj", "v_proj"),
+    "k_einsum": ("k_proj",),
     "qkv_einsum": ("q_proj", "k_proj", "v_proj"),
     "attn_vec_einsum": ("o_proj",),
 }
@@ -59,8 +69,8 @@ def _by_heads(w: Array) -> Array:
 
 
 def engine_params(tunix_params: dict[str, Array]) -> dict[str, Array]:
-    """sgl-jax's Gemma 2 parameters (dotted names) from tunix's (dotted names). Raises
-    ValueError naming a tunix parameter it does not know."""
+    """sgl-jax's Gemma 2 or Gemma 4 parameters (dotted names) from tunix's (dotted names).
+    Raises ValueError naming a tunix parameter it does not know."""
     out: dict[str, Array] = {}
     for name, value in tunix_params.items():
         if name == "embedder.input_embedding":
@@ -71,7 +81,7 @@ def engine_params(tunix_params: dict[str, Array]) -> dict[str, Array]:
             continue
         match = _LAYER.fullmatch(name)
         if match is None:
-            raise ValueError(f"update_params: no sgl-jax Gemma 2 parameter for tunix's {name!r}")
+            raise ValueError(f"update_params: no sgl-jax Gemma parameter for tunix's {name!r}")
         layer, rest = match.groups()
         p = f"model.layers.{layer}."
         norm = rest.removesuffix(".scale")
@@ -79,6 +89,10 @@ def engine_params(tunix_params: dict[str, Array]) -> dict[str, Array]:
             out[p + _NORMS[norm] + ".weight"] = value
         elif rest == "attn.q_einsum.w":
             out[p + "self_attn.q_proj.weight"] = _by_heads(value)
+        elif rest == "skip_scale":
+            out[p + "layer_scalar"] = value
+        elif rest == "attn.k_einsum.w":
+            out[p + "self_attn.k_proj.weight"] = _by_heads(value)
         elif rest == "attn.kv_einsum.w":
             out[p + "self_attn.k_proj.weight"] = _by_heads(value[0])
             out[p + "self_attn.v_proj.weight"] = _by_heads(value[1])
@@ -91,7 +105,7 @@ def engine_params(tunix_params: dict[str, Array]) -> dict[str, Array]:
         elif rest in ("mlp.gate_proj.kernel", "mlp.up_proj.kernel", "mlp.down_proj.kernel"):
             out[p + rest.replace(".kernel", ".weight")] = value
         else:
-            raise ValueError(f"update_params: no sgl-jax Gemma 2 parameter for tunix's {name!r}")
+            raise ValueError(f"update_params: no sgl-jax Gemma parameter for tunix's {name!r}")
     return out
 
 
@@ -109,7 +123,7 @@ def engine_lora_buffers(factors: dict[str, Array]) -> dict[str, Array]:
     for name, value in factors.items():
         match = _FACTOR.fullmatch(name)
         if match is None:
-            raise ValueError(f"update_params: no sgl-jax Gemma 2 LoRA buffer for tunix's {name!r}")
+            raise ValueError(f"update_params: no sgl-jax Gemma LoRA buffer for tunix's {name!r}")
         layer, block, module, factor = match.groups()
         block = "self_attn" if block == "attn" else block
         targets = engine_modules(module)

@@ -151,8 +151,12 @@ class EngineSettings:
             raise ValueError(f"unknown engine setting(s) {unknown}; allowed: {sorted(names)}")
         return dataclasses.replace(self, **changes)
 
-    def server_args(self, model_path: str, device: str) -> dict[str, Any]:
-        """Keyword arguments of sgl-jax's `Engine` for this model and device ("cpu", "tpu")."""
+    def server_args(
+        self, model_path: str, device: str, window_kv_differs: bool = False
+    ) -> dict[str, Any]:
+        """Keyword arguments of sgl-jax's `Engine` for this model and device ("cpu", "tpu").
+        `window_kv_differs`: the model's sliding-window layers keep keys and values of another
+        shape than its full layers (`window_kv_differs`), so only a hybrid pool holds them."""
         args = {
             "model_path": model_path,
             "device": device,
@@ -176,11 +180,12 @@ class EngineSettings:
             "log_level": self.log_level,
             "disable_overlap_schedule": not self.overlap_schedule,
         }
-        if device == "cpu" or self.attention_backend == "native":
+        if (device == "cpu" or self.attention_backend == "native") and not window_kv_differs:
             # sgl-jax's CPU attention writes the KV cache through `set_kv_buffer_legacy`
             # (`layers/attention/native_backend.py:143`), which its sliding-window pool lacks
-            # (`SWAKVPool`, `mem_cache/memory_pool.py:768`): every model with a window (Gemma,
-            # Mistral) failed at its first step. One full pool; the window is the mask's.
+            # (`SWAKVPool`, `mem_cache/memory_pool.py:768`). One full pool, the window the
+            # mask's, where one pool can hold every layer; where it cannot (Gemma 4), the
+            # hybrid pool through the `swa_pool_native_attention` patch.
             args["disable_hybrid_swa_memory"] = True
         args.update(self.extra)
         args.update(FORCED)
@@ -226,3 +231,15 @@ def _positive(name: str, value: Any, low: int = 1) -> None:
 
 def _list(value: tuple[int, ...] | None) -> list[int] | None:
     return None if value is None else list(value)
+
+
+def window_kv_differs(model_config: dict[str, Any]) -> bool:
+    """Whether an HF config's sliding-window layers keep KV of another shape than its full
+    layers (Gemma 4: `head_dim` / `num_key_value_heads` for the window's layers,
+    `global_head_dim` / `num_global_key_value_heads` for the others; under `text_config` for
+    a multimodal checkpoint)."""
+    text = model_config.get("text_config") or model_config
+    head_dim, heads = text.get("head_dim"), text.get("num_key_value_heads")
+    return text.get("global_head_dim", head_dim) != head_dim or (
+        text.get("num_global_key_value_heads", heads) != heads
+    )

@@ -58,6 +58,7 @@ SYMBOLS: dict[str, tuple[str, str]] = {
     "NativeAttention": ("layers.attention.native_backend", "NativeAttention"),
     "MHATokenToKVPool": ("mem_cache.memory_pool", "MHATokenToKVPool"),
     "SWAKVPool": ("mem_cache.memory_pool", "SWAKVPool"),
+    "KVCache": ("mem_cache.memory_pool", "KVCache"),
     "MemoryPools": ("mem_cache.memory_pool", "MemoryPools"),
     "ReqToTokenPool": ("mem_cache.memory_pool", "ReqToTokenPool"),
     "Llama3RotaryEmbedding": ("layers.embeddings", "Llama3RotaryEmbedding"),
@@ -124,6 +125,8 @@ FUNCTIONS: dict[str, tuple[str, ...]] = {
     "ForwardMode.is_extend": ("self",),
     "ForwardMode.is_decode": ("self",),
     "MHATokenToKVPool.get_fused_kv_buffer": ("self", "layer_id"),
+    "MHATokenToKVPool.set_kv_buffer_legacy": ("self", "layer_id", "loc", "cache_k", "cache_v"),
+    "SWAKVPool.tree_flatten": ("self",),
     "forward_attention": (
         *("q", "k_cache", "v_cache", "seq_lengths", "loc", "extend_prefix_lens"),
         *("extend_seq_lens", "num_heads", "num_kv_heads", "scale", "is_causal", "mode"),
@@ -154,7 +157,8 @@ ATTRIBUTES: dict[str, tuple[str, ...]] = {
     # memory.py (release / resume): the per-layer KV buffer lists, in place
     "MemoryPools": ("_pools",),
     "MHATokenToKVPool": ("kv_buffer",),
-    "SWAKVPool": ("swa_kv_pool", "full_kv_pool"),
+    "SWAKVPool": ("swa_kv_pool", "full_kv_pool", "layers_mapping", "full_to_swa_index_mapping"),
+    "KVCache": ("mesh", "start_layer"),
     "ReqToTokenPool": ("size",),
     "DetokenizerManager": ("decode_status",),
     "BatchTokenIDOut": ("rids", "finished_reasons", "decode_ids"),

@@ -1,15 +1,16 @@
 """Weight updates of the running engine: map, reshard, check, swap.
 
 Owns `WeightSwapper`: it takes either a tunix nnx state (qwen2, qwen3, llama3: mapped with
-tunix's own `mapping_sglang_jax` tables and `transfer_state_with_mappings`; Gemma 2, for
-which tunix has none, with `engine.gemma_mapping`; traced once into one jitted program) or a
-pytree in the engine's own layout, puts every leaf on the sharding of the leaf it replaces, checks
-path, shape and dtype of every leaf, and only then swaps. A mismatch raises `ValueError`
-naming the parameter, and the engine keeps its old weights.
+tunix's own `mapping_sglang_jax` tables and `transfer_state_with_mappings`; Gemma 2 and
+Gemma 4, for which tunix has none, with `engine.gemma_mapping`; traced once into one jitted
+program) or a pytree in the engine's own layout, puts every leaf on the sharding of the leaf it
+replaces, checks path, shape and dtype of every leaf, and only then swaps. A mismatch raises
+`ValueError` naming the parameter, and the engine keeps its old weights.
 
 Integrity: every engine parameter is written by the update, or it raises naming what is
-missing. tunix's mapper only logs "No mapping for source key" and leaves every target it did
-not write at its old value; here a source parameter without a mapping, an engine parameter the
+missing (an update of the base alone on an engine serving LoRA keeps the adapters' buffers).
+tunix's mapper only logs "No mapping for source key" and leaves every target it did not write
+at its old value; here a source parameter without a mapping, an engine parameter the
 mapping did not write (found at trace time: its output is its own input) and a non-floating
 leaf are errors. Floating leaves are cast to the engine's dtype (a float32 trainer into a
 bfloat16 engine is the usual case). A LoRA update (`engine.lora`) writes the base to the adapted
@@ -41,6 +42,8 @@ from sgl_jax_rollout.engine.lora import LORA_A, LORA_B, LoraLayout, engine_facto
 
 # config.json model_type -> tunix model package with a mapping_sglang_jax module.
 TUNIX_FAMILIES = {"qwen3": "qwen3", "qwen2": "qwen2", "llama": "llama3"}
+# config.json model_type of the families mapped by `engine.gemma_mapping`.
+GEMMA_TYPES = ("gemma2", "gemma4")
 
 
 class WeightSwapper:
@@ -104,7 +107,7 @@ class WeightSwapper:
     def _from_tunix(
         self, src_def: Any, src_leaves: list, params: Any, lora: tuple | None = None
     ) -> list[jax.Array]:
-        if self._model_type == "gemma2":
+        if self._model_type in GEMMA_TYPES:
             return self._from_tunix_gemma(src_def, src_leaves, lora)
         family = TUNIX_FAMILIES.get(self._model_type)
         if family is None:
@@ -177,7 +180,7 @@ class WeightSwapper:
                 unwritten = [
                     engine_names[i]
                     for i, (new, old) in enumerate(zip(out_leaves, dst_leaves, strict=True))
-                    if new is old
+                    if new is old and (lora_def is not None or not _is_lora_buffer(engine_names[i]))
                 ]
                 if unwritten:
                     raise WeightSyncError(
@@ -241,15 +244,19 @@ class WeightSwapper:
                     factors = dict(zip(names, jax.tree_util.tree_leaves(adapters), strict=True))
                     mapped.update(engine_lora_buffers(factors))
                 unknown = sorted(set(mapped) - served)
-                missing = [n for n in engine_names if n not in mapped]
+                missing = [
+                    n
+                    for n in engine_names
+                    if n not in mapped and (lora_def is not None or not _is_lora_buffer(n))
+                ]
                 if unknown or missing:
                     raise WeightSyncError(
-                        "update_params: tunix's Gemma state does not match the engine's Gemma 2 "
+                        "update_params: tunix's Gemma state does not match the engine's Gemma "
                         f"parameters (not in the engine: {_listed(unknown)}; not written: "
                         f"{_listed(missing)})"
                     )
                 return [
-                    mapped[name].astype(old.dtype)
+                    mapped.get(name, old).astype(old.dtype)  # kept: adapters of a base update
                     for name, old in zip(engine_names, dst_leaves, strict=True)
                 ]
 
@@ -347,6 +354,12 @@ def _served_by_base_layers(mappings: dict, engine_names: list[str]) -> dict:
         pattern = re.escape(wrapped).replace(r"\*", r"\d+")
         out[source] = (wrapped if re.search(f"^{pattern}$", names, re.M) else target, sharding)
     return out
+
+
+def _is_lora_buffer(name: str) -> bool:
+    """Whether an engine parameter is one of sgl-jax's static LoRA buffers. An update without
+    adapters (the base alone, on an engine serving LoRA) keeps them as they are."""
+    return "A_buffer" in name or "B_buffer" in name
 
 
 def _wrapped_name(name: str, engine_names: set[str]) -> str:

@@ -1,6 +1,7 @@
 """`make_tiny_model`: writes the built-in tiny model directory, offline and deterministically.
 
-Owns the files of docs/design.md section 6: `config.json` (HF layout for qwen3, qwen2 or llama),
+Owns the files of docs/design.md section 6: `config.json` (HF layout for qwen3, qwen2 or llama;
+a Gemma 4 replica's config and weights come from `gemma4_replica`),
 `model.safetensors` with seeded random float32 weights scaled so next-token distributions
 have varied, clearly non-uniform entropy, `generation_config.json`, and the tokenizer files
 (from `tokenizer.py`). The same seed gives the same bytes. The model's `vocab_size` equals the
@@ -30,8 +31,10 @@ from typing import Any
 import numpy as np
 from safetensors.numpy import save_file
 
+from sgl_jax_rollout.tiny_model import gemma4_replica
 from sgl_jax_rollout.tiny_model.tokenizer import (
     GEMMA,
+    GEMMA4,
     QWEN_STYLE,
     THINK_END,
     THINK_START,
@@ -48,7 +51,9 @@ ARCHITECTURES = {
     "gemma2": ("Gemma2ForCausalLM", "gemma2"),
 }
 # The tokenizer vocabulary of each architecture (the built-in one unless listed).
-VOCABULARIES: dict[str, Vocabulary] = {"gemma2": GEMMA}
+VOCABULARIES: dict[str, Vocabulary] = {"gemma2": GEMMA, "gemma4": GEMMA4}
+# Architectures only a `--like` replica writes (their checkpoints' layout is their own).
+LIKE_ONLY = {"gemma4": gemma4_replica.ARCHITECTURE}
 MIN_VOCAB = 300
 DEFAULT_VOCAB = 1024
 DTYPES = ("float32", "bfloat16")
@@ -204,6 +209,15 @@ LIKE_PRESETS: dict[str, LikePreset] = {
         head_dim=256,
         max_positions=8192,
     ),
+    "gemma-4-31b-it": LikePreset(
+        arch="gemma4",
+        hf_repo="google/gemma-4-31B-it",
+        config={"torch_dtype": "bfloat16"},  # the rest: gemma4_replica.config
+        generation={},
+        eos_with_bos=False,
+        head_dim=gemma4_replica.HEAD_DIM,
+        max_positions=8192,
+    ),
 }
 
 
@@ -242,7 +256,7 @@ def make_tiny_model(
         arch = preset.arch
     elif arch is None:
         arch = "qwen3"
-    if arch not in ARCHITECTURES:
+    if arch not in ARCHITECTURES and (preset is None or arch not in LIKE_ONLY):
         raise ValueError(f"arch must be one of {sorted(ARCHITECTURES)}, got {arch!r}")
     if dtype is None:
         dtype = preset.config["torch_dtype"] if preset else "float32"
@@ -269,6 +283,8 @@ def make_tiny_model(
         raise ValueError("layers is for real_size models only")
     elif preset is not None:
         shape = dataclasses.replace(shape, head_dim=preset.head_dim)
+        if arch == "gemma4" and shape.layers < gemma4_replica.PERIOD:  # one full layer at least
+            shape = dataclasses.replace(shape, layers=gemma4_replica.PERIOD)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -291,6 +307,11 @@ def make_tiny_model(
             "top_k": -1,
             "top_p": 1.0,
         }
+    elif arch == "gemma4":
+        max_positions = max(preset.max_positions or 0, shape.max_positions)
+        config = gemma4_replica.config(shape, vocab, ids, max_positions)
+        config["text_config"]["torch_dtype"] = dtype
+        generation = gemma4_replica.generation(ids, tokenizer.token_to_id("<|tool_response>"))
     else:
         config = _like_config(preset, vocab, shape, ids)
         generation = _like_generation(preset, ids)
@@ -298,7 +319,11 @@ def make_tiny_model(
     _write_json(out / "config.json", config)
     _write_json(out / "generation_config.json", generation)
     tied = bool(config["tie_word_embeddings"])
-    tensors = _random_weights(arch, vocab, shape, seed, tied=tied)
+    if arch == "gemma4":
+        rng = np.random.default_rng(seed)
+        tensors = gemma4_replica.weights(config["text_config"], rng, shape.lm_head_std)
+    else:
+        tensors = _random_weights(arch, vocab, shape, seed, tied=tied)
     if dtype == "bfloat16":
         import ml_dtypes  # a jax dependency
 

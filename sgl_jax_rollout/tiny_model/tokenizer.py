@@ -5,7 +5,8 @@ markers, `<think>` / `</think>`), a Qwen-style chat template, and a deterministi
 includes multi-byte characters (so byte-level pieces that end mid-character occur); and the
 Gemma vocabulary's special tokens at Gemma's own ids (`GEMMA`: `<pad>` 0, `<eos>` 1, `<bos>` 2,
 `<unk>` 3, `<start_of_turn>` 106, `<end_of_turn>` 107; placeholders between), its chat template
-(no system role, `model` for the assistant) and its BOS added to every encoded text.
+(no system role, `model` for the assistant) and its BOS added to every encoded text; and Gemma
+4's (`GEMMA4`: its control tokens at their ids, `<|turn>` 105 and `<turn|>` 106, a system role).
 Nothing is downloaded.
 
 Must not touch model weights.
@@ -83,6 +84,56 @@ GEMMA = Vocabulary(
     chat_template=GEMMA_CHAT_TEMPLATE,
     add_bos=True,
     end_of_turn="<end_of_turn>",
+)
+
+# google/gemma-4-31B-it's plain chat as its official template renders it (a system turn
+# allowed, `model` for the assistant, `<|turn>` / `<turn|>` around each turn); the official
+# template's tool, thinking and media blocks are left out.
+GEMMA4_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% if message['role'] == 'assistant' %}{% set role = 'model' %}"
+    "{% else %}{% set role = message['role'] %}{% endif %}"
+    "{{ '<|turn>' + role + '\\n' + message['content'] | trim + '<turn|>\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|turn>model\\n' }}{% endif %}"
+)
+
+
+def _placed(named: dict[int, str], size: int) -> tuple[str, ...]:
+    """Special tokens at their checkpoint ids, `<unusedK>` placeholders between."""
+    return tuple(named.get(i, f"<unused{i}>") for i in range(size))
+
+
+# Gemma 4's control tokens at google/gemma-4-31B-it's ids (0..106).
+GEMMA4 = Vocabulary(
+    special_tokens=_placed(
+        {
+            0: "<pad>",
+            1: "<eos>",
+            2: "<bos>",
+            3: "<unk>",
+            4: "<mask>",
+            46: "<|tool>",
+            47: "<tool|>",
+            48: "<|tool_call>",
+            49: "<tool_call|>",
+            50: "<|tool_response>",
+            51: "<tool_response|>",
+            52: '<|"|>',
+            98: "<|think|>",
+            100: "<|channel>",
+            101: "<channel|>",
+            105: "<|turn>",
+            106: "<turn|>",
+        },
+        107,
+    ),
+    pad="<pad>",
+    bos="<bos>",
+    eos="<eos>",
+    additional=("<|turn>", "<turn|>", "<|think|>", "<|channel>", "<channel|>", "<|tool_call>"),
+    chat_template=GEMMA4_CHAT_TEMPLATE,
+    add_bos=True,
+    end_of_turn="<turn|>",
 )
 
 _WORDS = """

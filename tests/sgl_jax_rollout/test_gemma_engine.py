@@ -1,7 +1,7 @@
-"""Gemma's `<end_of_turn>` on the engine (engine-marked; its own engine, started before the
-session rollout's: tests/conftest.py).
+"""Gemma's end of turn on the engine, Gemma 2's `<end_of_turn>` and Gemma 4's `<turn|>`
+(engine-marked; their own engines, started before the session rollout's: tests/conftest.py).
 
-The random Gemma 2 replica almost never samples `<end_of_turn>`, so the test first syncs it
+The random replicas almost never sample it, so the test first syncs it
 weights under which that token outranks every other (an `update_params` of a tunix state,
 as training would send): one residual dimension carries a constant from every token's
 embedding, twice that from `<end_of_turn>`'s, and the final norm reads only that dimension.
@@ -20,7 +20,20 @@ import pytest
 pytestmark = pytest.mark.engine
 
 
-def end_of_turn_first(model, token: int, constant: float = 4.0) -> None:
+# replica -> (its end-of-turn token and id, what `chat_extend` adds after a reply, whether its
+# norms scale by (1 + w) (Gemma 2) or w (Gemma 4))
+REPLICAS = {
+    "gemma-2-2b-it": (
+        "<end_of_turn>",
+        107,
+        "\n<start_of_turn>user\nAgain.<end_of_turn>\n<start_of_turn>model\n",
+        True,
+    ),
+    "gemma-4-31b-it": ("<turn|>", 106, "\n<|turn>user\nAgain.<turn|>\n<|turn>model\n", False),
+}
+
+
+def end_of_turn_first(model, token: int, unit_offset: bool, constant: float = 4.0) -> None:
     """Sets `model`'s (tunix Gemma) weights so that `token` is every position's argmax."""
     import jax.numpy as jnp
 
@@ -29,12 +42,13 @@ def end_of_turn_first(model, token: int, constant: float = 4.0) -> None:
     table[:, 0] = constant
     table[token, 0] = 2 * constant
     embedding.value = jnp.asarray(table, embedding.value.dtype)
-    scale = np.full(model.final_norm.scale.value.shape, -1.0)  # x * (1 + scale)
-    scale[0] = 0.0
+    scale = np.full(model.final_norm.scale.value.shape, -1.0 if unit_offset else 0.0)
+    scale[0] = 0.0 if unit_offset else 1.0  # the norm reads dimension 0 only
     model.final_norm.scale.value = jnp.asarray(scale, model.final_norm.scale.value.dtype)
 
 
-def test_end_of_turn_ends_a_completion_and_a_session_goes_on_after_it(tmp_path):
+@pytest.mark.parametrize("like", sorted(REPLICAS))
+def test_end_of_turn_ends_a_completion_and_a_session_goes_on_after_it(like, tmp_path):
     from flax import nnx
 
     from sgl_jax_rollout.engine.settings import EngineSettings
@@ -43,7 +57,8 @@ def test_end_of_turn_ends_a_completion_and_a_session_goes_on_after_it(tmp_path):
     from tests.sgl_jax_rollout.test_rollout import config
     from tunix_adapter.models import load_tunix_model
 
-    model_dir = make_tiny_model(tmp_path / "g2", like="gemma-2-2b-it", dtype="float32")
+    name, expected_id, added_turn, unit_offset = REPLICAS[like]
+    model_dir = make_tiny_model(tmp_path / like, like=like, dtype="float32")
     settings = EngineSettings(
         context_length=256,
         max_prefill_tokens=256,
@@ -55,14 +70,14 @@ def test_end_of_turn_ends_a_completion_and_a_session_goes_on_after_it(tmp_path):
     rollout = SglangJaxRollout(model_path=model_dir, engine_settings=settings)
     try:
         tokenizer = rollout.engine.tokenizer
-        end_of_turn = tokenizer.convert_tokens_to_ids("<end_of_turn>")
-        assert end_of_turn == 107 and rollout.eos_id() == 1
+        end_of_turn = tokenizer.convert_tokens_to_ids(name)
+        assert end_of_turn == expected_id and rollout.eos_id() == 1
         greedy = config(temperature=0.0, max_tokens_to_generate=12, max_prompt_length=64)
         before = rollout.generate(["Say yes."], greedy)
         assert end_of_turn not in before.tokens[0].tolist()  # the replica as built
 
         model = load_tunix_model(model_dir)
-        end_of_turn_first(model, end_of_turn)
+        end_of_turn_first(model, end_of_turn, unit_offset)
         rollout.update_params(nnx.state(model, nnx.Param))
         out = rollout.generate(["Say yes."], greedy, min_new_tokens=3)
         tokens = out.tokens[0].tolist()
@@ -78,7 +93,28 @@ def test_end_of_turn_ends_a_completion_and_a_session_goes_on_after_it(tmp_path):
             start = len(reply.tokens)
             assert turn.tokens[:start] == reply.tokens
             added = tokenizer.decode(turn.tokens[start : turn.metadata["turns"][-1][0]])
-            assert added == "\n<start_of_turn>user\nAgain.<end_of_turn>\n<start_of_turn>model\n"
+            assert added == added_turn
             assert turn.tokens[-1] == end_of_turn
     finally:
         rollout.shutdown()
+
+
+def test_a_gemma4_lora_actor_is_refused_before_the_engine_starts(tmp_path):
+    """sgl-jax's LoRA manager reads one layer count and one head_dim at the top of the config
+    (srt/lora/lora_manager.py:103-112): Gemma 4 nests its config and has two head sizes, so a
+    LoRA actor is refused by name before any engine starts, never served wrong."""
+    import jax
+
+    from sgl_jax_rollout.engine import patches
+    from sgl_jax_rollout.rollout import SglangJaxRollout
+    from sgl_jax_rollout.tiny_model import make_tiny_model
+    from tunix_adapter.cluster import lora_scaling, with_lora
+    from tunix_adapter.models import load_tunix_model
+
+    model_dir = make_tiny_model(tmp_path / "g4", like="gemma-4-31b-it", dtype="float32")
+    mesh = jax.make_mesh((1, 1), ("fsdp", "tp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    lora = {"rank": 4, "alpha": 8.0}
+    actor = with_lora(load_tunix_model(model_dir, mesh), lora, mesh)
+    with pytest.raises(ValueError, match="LoRA is not served for this model.*Gemma 4"):
+        SglangJaxRollout(rollout_actor=actor, model_path=model_dir, lora_scaling=lora_scaling(lora))
+    assert patches.current() is None  # no engine was started

@@ -79,3 +79,43 @@ def test_sessions_start_with_one_bos_and_go_on_after_end_of_turn(gemma):
         with pytest.raises(ValueError, match="template refuses .*must alternate"):
             s.chat_extend(turn, [{"role": "tool", "content": "42"}])
         assert len(engine.calls) == 3  # refused before the engine
+
+
+def test_gemma4_stops_at_turn_end_and_keeps_a_system_turn(tmp_path):
+    """The Gemma 4 replica: `<turn|>` (106) and `<|tool_response>` (50) stop beside `<eos>`
+    (generation_config.json's `[1, 106, 50]`), one BOS per prompt, and its template's system
+    turn (which Gemma 2's refuses) reaches the engine; `chat_extend` adds `<|turn>` turns."""
+    from transformers import AutoTokenizer
+
+    from sgl_jax_rollout import rollout_inputs as inputs
+    from sgl_jax_rollout.pad_id import pad_safe
+    from sgl_jax_rollout.request_policy import RequestPolicy
+    from sgl_jax_rollout.sampling.options import SamplingOptions
+    from sgl_jax_rollout.session import Session
+    from sgl_jax_rollout.tiny_model import make_tiny_model
+    from sgl_jax_rollout.tunix_compat import TokenizerAdapter
+
+    model_dir = make_tiny_model(tmp_path / "g4", like="gemma-4-31b-it")
+    raw = AutoTokenizer.from_pretrained(str(model_dir))
+    eos = inputs.eos_ids(model_dir, TokenizerAdapter(raw).eos_id())
+    assert eos == [1, 106, 50]
+    assert raw.convert_ids_to_tokens(eos) == ["<eos>", "<turn|>", "<|tool_response>"]
+    tokenizer = pad_safe(raw, len(raw), eos)
+    assert tokenizer.pad_id() == 0 == raw.pad_token_id
+    engine = SimpleNamespace(vocab_size=len(raw), settings=SimpleNamespace(context_length=512))
+    policy = RequestPolicy(engine, tokenizer, eos, SamplingOptions(), seed=0)
+    for text in ("plain text", "<bos><|turn>user\nHi<turn|>\n<|turn>model\n"):
+        ids = policy.prompt_ids(text, 128, 0)
+        assert ids[0] == 2 and ids.count(2) == 1, (text, ids[:4])
+
+    fake = FakeEngine(106)
+    with Session(fake, raw, start=policy.with_bos) as s:
+        system = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+        (chat,) = s.chat(system)
+        assert raw.decode(fake.calls[0]) == (
+            "<bos><|turn>system\nBe brief.<turn|>\n<|turn>user\nHi<turn|>\n<|turn>model\n"
+        )
+        s.chat_extend(chat, [{"role": "user", "content": "Again."}])
+        assert raw.decode(fake.calls[-1][len(chat.tokens) :]) == (
+            "\n<|turn>user\nAgain.<turn|>\n<|turn>model\n"
+        )

@@ -154,6 +154,21 @@ instead of raising.
   `_get_and_update_kv_cache` (`layers/attention/native_backend.py`) treat a dp > 1 batch as one
   global batch, and `set_kv_buffer_legacy` (`mem_cache/memory_pool.py:716`) writes rank 1's
   keys over rank 0's slots. One dp rank: upstream runs unchanged.
+- `swa_pool_native_attention`: in the same wrapper, and `SWAKVPool.set_kv_buffer_legacy`
+  added: the CPU attention serves upstream's hybrid pool (one sub-pool for the sliding-window
+  layers, one for the full ones), which a model whose two kinds of layer keep KV of different
+  shapes needs (Gemma 4: head_dim 256 / 512; one pool fails at start with a broadcast error).
+  An upstream bug fix: the native backend writes through `set_kv_buffer_legacy`
+  (`native_backend.py:143`), which `SWAKVPool` lacks (`memory_pool.py:768`), and reads a
+  windowed layer at its full-pool slots (`cache_loc`) where the TPU backend remaps them to the
+  window pool's (`flashattention_backend.py:646-647`). The write goes to the layer's sub-pool
+  at the slots upstream's `set_kv_buffer` would use; the read's `cache_loc` is remapped with
+  upstream's mapping, replicated on the mesh (indexed as upstream does, it fails beside the
+  explicit mesh's sharded slots). Other models keep one pool on CPU (`EngineSettings`).
+- `swa_mapping_copied`: wraps `SWAKVPool.tree_flatten` so that on CPU a forward gets a copy of
+  the host's full-to-window slot mapping, which upstream flattens into every forward's
+  arguments (`memory_pool.py:825-838`) while its allocator keeps writing it
+  (`allocator.py:468`): the aliasing `cache_loc_copied` describes, for the mapping.
 - `cache_loc_copied`: wraps `ScheduleBatch._merge_cache_loc` so that on CPU each step's
   `cache_loc` (the KV slots attention reads) is a fresh array. Upstream returns a view of one
   persistent host buffer (`req_to_token_pool.cache_loc_host_buf`, `schedule_batch.py:2400,

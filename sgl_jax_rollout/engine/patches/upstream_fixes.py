@@ -2,14 +2,16 @@
 the catalog, `patches/__init__.py`, and in each patch's docstring).
 
 Owns `install` for `llama3_rope_scaling`, `attention_head_dim_unpadded`,
-`attention_logit_cap` and `native_attention_per_rank` (one wrapper of the CPU attention),
-`cache_loc_copied`, `scheduler_faulthandler` and `sampler_key_typed`; and `unpadded_heads`,
-the head cut the attention fix applies.
+`attention_logit_cap`, `native_attention_per_rank` and `swa_pool_native_attention` (one wrapper
+of the CPU attention), `swa_mapping_copied`, `cache_loc_copied`, `scheduler_faulthandler` and
+`sampler_key_typed`; `unpadded_heads`, the head cut the attention fix applies, and
+`window_slots`, the slot translation of the sliding-window pool.
 """
 
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import faulthandler
 import sys
 from typing import Any
@@ -17,7 +19,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+from jaxtyping import Array, Float, Int
 
 from sgl_jax_rollout.engine import upstream
 from sgl_jax_rollout.engine.dp_attention import per_rank_native_attention
@@ -30,6 +34,10 @@ def install() -> None:
     if not isinstance(scheduler.faulthandler, _SchedulerFaultHandler):
         scheduler.faulthandler = _SchedulerFaultHandler()
     wrap(get("NativeAttention"), "__call__", _native_attention)
+    swa_pool = get("SWAKVPool")
+    if not hasattr(swa_pool, "set_kv_buffer_legacy"):
+        swa_pool.set_kv_buffer_legacy = _swa_set_kv_buffer_legacy
+    wrap(swa_pool, "tree_flatten", _window_mapping_copied)
     native = upstream.module("layers.attention.native_backend")
     if not isinstance(native.jnp, _ScoreCappingNumpy):
         native.jnp = _ScoreCappingNumpy()
@@ -47,17 +55,77 @@ def _llama3_scaled_frequencies(original, self, *args, **kwargs):
         self._inv_freq_np = np.asarray(self._compute_inv_freq(self.base), np.float32)
 
 
-def _native_attention(original, self, q, k, v, layer, *args, **kwargs):
-    """native_attention_per_rank and attention_logit_cap, on upstream's CPU attention."""
+def _native_attention(original, self, q, k, v, layer, forward_batch, token_to_kv_pool, **kwargs):
+    """native_attention_per_rank, attention_logit_cap and swa_pool_native_attention, on
+    upstream's CPU attention."""
+    if isinstance(token_to_kv_pool, upstream.get("SWAKVPool")):
+        if self.mesh.shape.get("data", 1) > 1:
+            raise NotImplementedError(
+                "dp_size > 1 on the native attention backend with a sliding-window KV pool "
+                "(models whose windowed layers have their own KV shape, Gemma 4)"
+            )
+        forward_batch = swa_cache_loc(forward_batch, token_to_kv_pool, layer.layer_id)
+    args = (self, q, k, v, layer, forward_batch, token_to_kv_pool)
     cap = getattr(layer, "logit_cap", None)
     if not cap:
-        return per_rank_native_attention(original, self, q, k, v, layer, *args, **kwargs)
+        return per_rank_native_attention(original, *args, **kwargs)
     scale = layer.scaling if layer.scaling is not None else 1.0 / float(layer.head_dim) ** 0.5
     token = _SCORE_CAP.set((float(cap), float(scale)))
     try:
-        return per_rank_native_attention(original, self, q, k, v, layer, *args, **kwargs)
+        return per_rank_native_attention(original, *args, **kwargs)
     finally:
         _SCORE_CAP.reset(token)
+
+
+def swa_cache_loc(forward_batch: Any, pool: Any, layer_id: int) -> Any:
+    """swa_pool_native_attention, the read: `forward_batch` with `cache_loc` (the slots the
+    layer attends over, in the full pool's slot space) in the slot space of the pool that
+    holds layer `layer_id`, as the flash backend remaps them (`flashattention_backend.py:
+    646-647`)."""
+    if not pool.layers_mapping[layer_id][1]:
+        return forward_batch
+    return dataclasses.replace(forward_batch, cache_loc=window_slots(pool, forward_batch.cache_loc))
+
+
+def window_slots(pool: Any, loc: Int[Array, " tokens"]) -> Int[Array, " tokens"]:
+    """Full-pool slots `loc` in the sliding-window sub-pool's slot space: upstream's
+    `SWAKVPool._remap_swa_loc` (dp 1), with the host mapping replicated on the pool's mesh
+    (upstream indexes it as an array of no mesh, which fails beside `loc` sharded over the
+    explicit mesh's "data" axis) and negative (padding) slots kept, to be dropped."""
+    everywhere = NamedSharding(pool.swa_kv_pool.mesh, P())  # the traced pool keeps no mesh
+    mapping = jax.sharding.reshard(jnp.asarray(pool.full_to_swa_index_mapping), everywhere)
+    replicated = jax.sharding.reshard(loc, everywhere)
+    slots = mapping[jnp.maximum(replicated, 0)].astype(loc.dtype)
+    return jax.sharding.reshard(
+        jnp.where(replicated < 0, replicated, slots), jax.typeof(loc).sharding
+    )
+
+
+def _window_mapping_copied(original, self):
+    """swa_mapping_copied: on CPU, the pool's pytree children carry a copy of the host's
+    full-to-window slot mapping, not the array itself. Upstream flattens its allocator's own
+    numpy array into every forward's arguments (`memory_pool.py:825-838`, the array shared
+    with `SWATokenToKVPoolAllocator`, `allocator.py:468`), which JAX's CPU client may alias
+    (zero-copy, as `cache_loc_copied` says): under overlap scheduling the scheduler's
+    allocations and frees for step t + 1 reach step t's forward."""
+    children, aux = original(self)
+    if jax.default_backend() != "cpu":
+        return children, aux
+    return tuple(np.array(c) if isinstance(c, np.ndarray) else c for c in children), aux
+
+
+def _swa_set_kv_buffer_legacy(self, layer_id: int, loc, cache_k, cache_v):
+    """swa_pool_native_attention, the write: `SWAKVPool.set_kv_buffer_legacy`, which the native
+    backend calls (`native_backend.py:143`) and upstream's `SWAKVPool` lacks
+    (`memory_pool.py:768`): the layer's sub-pool writes, at the slots `set_kv_buffer` would
+    use (a windowed layer's in the window pool's slot space, `window_slots`). Returns the
+    layer's updated fused buffer, which the model hands back to the pool's `replace_buffer` as
+    for a plain pool."""
+    pool_layer, is_swa = self.layers_mapping[layer_id]
+    pool = self.swa_kv_pool if is_swa else self.full_kv_pool
+    if is_swa:
+        loc = window_slots(self, loc)
+    return pool.set_kv_buffer_legacy(pool.start_layer + pool_layer, loc, cache_k, cache_v)
 
 
 # (cap, scale) of the attention layer being traced, for `_ScoreCappingNumpy`.

@@ -4,7 +4,8 @@ rollout starts: tests/conftest.py).
 A qwix actor with two rules of different rank and alpha (q_proj rank 4, alpha 16; the other
 projections rank 8, alpha 4): the float32 engine's logprobs are the LoRA trainer's (tunix's
 trainer-side logprobs) to 1e-4, which one `lora_scaling` for every module could not give, and
-its weights hold the actor's frozen base untouched beside the adapters. Then `check
+its weights hold the actor's frozen base untouched beside the adapters, and an update of the
+base alone keeps the adapters. Then `check
 --lora-rank 16` on a bfloat16 engine: small adapters (most of `s * A @ B` below half a
 bfloat16 step of `W`) are served whole.
 """
@@ -75,6 +76,20 @@ def test_mixed_rules_are_served_as_the_trainer_computes_them(tiny_dir):
         plain, _ = trainer_scores(rollout, base, out, 1.0)
         assert np.abs(plain - reference)[:, :4].max() > 1e-2
         assert jax.tree_util.tree_leaves(nnx.state(actor, nnx.LoRAParam))
+        # An update of the base alone (a plain model's weights) writes the base layers and
+        # keeps the adapters' buffers as they are (`bench weights` times this update).
+        new_base = perturbed(nnx.state(load_tunix_model(tiny_dir), nnx.Param), scale=0.05, seed=4)
+        rollout.update_params(new_base)
+        after = {
+            ".".join(map(str, p)): np.asarray(v.value)
+            for p, v in rollout.engine.engine_state().flat_state()
+        }
+        q = np.asarray(new_base["layers"][0]["attn"]["q_proj"]["w"].value)
+        np.testing.assert_array_equal(
+            after["model.layers.0.self_attn.q_proj.base_layer.weight"], q.reshape(q.shape[0], -1)
+        )
+        buffers = [name for name in engine if name.endswith(("A_buffer", "B_buffer"))]
+        assert buffers and all(np.array_equal(after[n], engine[n]) for n in buffers)
     finally:
         rollout.shutdown()
 

@@ -71,3 +71,17 @@ def test_the_cpu_attention_gets_one_full_kv_pool():
     native = EngineSettings(attention_backend="native").server_args("/m", "tpu")
     assert native["disable_hybrid_swa_memory"] is True
     assert "disable_hybrid_swa_memory" not in EngineSettings().server_args("/m", "tpu")
+
+
+def test_a_model_whose_window_layers_keep_their_own_kv_shape_gets_the_hybrid_pool():
+    """Gemma 4's windowed layers keep KV of another shape than its full layers: no single pool
+    holds both, so even on CPU it gets upstream's hybrid pool (served there through the
+    swa_pool_native_attention patch); Gemma 2's layers share one shape and keep the one pool."""
+    from sgl_jax_rollout.engine.settings import window_kv_differs
+
+    gemma4 = {"text_config": {"head_dim": 256, "global_head_dim": 512, "num_key_value_heads": 16}}
+    fewer_heads = {"head_dim": 128, "num_key_value_heads": 8, "num_global_key_value_heads": 2}
+    assert window_kv_differs(gemma4) and window_kv_differs(fewer_heads)
+    assert not window_kv_differs({"head_dim": 256, "num_key_value_heads": 4})
+    args = EngineSettings().server_args("/m", "cpu", window_kv_differs=True)
+    assert "disable_hybrid_swa_memory" not in args

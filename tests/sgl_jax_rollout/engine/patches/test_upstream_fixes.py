@@ -5,6 +5,8 @@ no engine starts."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -137,3 +139,72 @@ def test_attention_logit_cap_soft_caps_the_scores():
     np.testing.assert_allclose(capped, reference(True), rtol=1e-5, atol=1e-5)
     assert np.abs(reference(True) - reference(False)).max() > 0.1  # the cap bites here
     np.testing.assert_allclose(attend(), reference(False), rtol=1e-5, atol=1e-5)
+
+
+@dataclasses.dataclass
+class _Batch:
+    cache_loc: jax.Array
+
+
+def _window_pool(mesh):
+    """A hybrid pool as sgl-jax lays out Gemma 4's (model_runner_kv_cache_mixin.py:645-672):
+    windowed layers 0 and 2 keep 2 KV heads of 128 in an 8-slot pool, full layer 1 keeps 1 KV
+    head of 256 in a 16-slot pool; full slots 1..5 hold window slots 6, 2, 7, 1, 3."""
+    from sgl_jax_rollout.engine import upstream
+
+    pool = upstream.get("SWAKVPool")(
+        size=16,
+        size_swa=8,
+        page_size=1,
+        swa_attention_layer_ids=[0, 2],
+        full_attention_layer_ids=[1],
+        dtype=jnp.float32,
+        head_num=1,
+        head_dim=256,
+        swa_head_num=2,
+        swa_head_dim=128,
+        mesh=mesh,
+    )
+    mapping = np.zeros(16 + 8 + 1, np.int32)
+    mapping[1:6] = [6, 2, 7, 1, 3]
+    pool.full_to_swa_index_mapping = mapping
+    return pool, mapping
+
+
+def test_swa_pool_native_attention_writes_and_reads_each_layer_in_its_own_pool():
+    """swa_pool_native_attention: the native backend's KV write (`set_kv_buffer_legacy`, which
+    upstream's `SWAKVPool` lacks) puts a windowed layer's keys and values at the window pool's
+    slots and a full layer's at its own, padding (-1) dropped; the read (`swa_cache_loc`) gives
+    the windowed layer the same window slots, and the full layer its slots unchanged. Checked
+    against the sub-pools' own writes at slots mapped in numpy, through a jitted call as the
+    model's forward runs it; and the pool's pytree children carry a copy of the host mapping
+    (swa_mapping_copied)."""
+    from sgl_jax_rollout.engine import patches
+    from sgl_jax_rollout.engine.patches.upstream_fixes import swa_cache_loc
+
+    patches.apply()
+    mesh = jax.make_mesh(
+        (1, 1), ("data", "tensor"), axis_types=(jax.sharding.AxisType.Explicit,) * 2
+    )
+    rng = np.random.default_rng(0)
+    loc = np.asarray([1, 2, 3, 4, 5, -1], np.int32)
+    with jax.set_mesh(mesh):
+        pool, mapping = _window_pool(mesh)
+        for layer, heads, dim in ((0, 2, 128), (1, 1, 256), (2, 2, 128)):
+            k = jnp.asarray(rng.standard_normal((6, heads, dim)), jnp.float32)
+            v = jnp.asarray(rng.standard_normal((6, heads, dim)), jnp.float32)
+            written = jax.jit(pool.set_kv_buffer_legacy, static_argnums=0)(
+                layer, jnp.asarray(loc), k, v
+            )
+            sub_layer, windowed = pool.layers_mapping[layer]
+            sub = pool.swa_kv_pool if windowed else pool.full_kv_pool
+            slots = np.where(loc < 0, -1, mapping[np.maximum(loc, 0)]) if windowed else loc
+            expected = sub.set_kv_buffer_legacy(sub_layer, jnp.asarray(slots), k, v)
+            np.testing.assert_array_equal(np.asarray(written), np.asarray(expected))
+            # a stand-in for upstream's ForwardBatch dataclass: the read replaces one field
+            read = swa_cache_loc(_Batch(jnp.asarray(loc)), pool, layer).cache_loc
+            np.testing.assert_array_equal(np.asarray(read), slots)
+        # swa_mapping_copied: what a forward receives is a copy of the host's mapping
+        children, _ = pool.tree_flatten()
+        (copy,) = [c for c in children if isinstance(c, np.ndarray)]
+        assert copy is not mapping and np.array_equal(copy, mapping)
