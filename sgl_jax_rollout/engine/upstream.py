@@ -101,6 +101,7 @@ FUNCTIONS: dict[str, tuple[str, ...]] = {
     ),
     "ModelRunner.sample": ("self", "logits_output", "sampling_metadata"),
     "ModelRunner.initialize_jit": ("self",),
+    "ModelRunner.init_memory_pool": ("self",),
     "ModelRunner.__init__": ("self",),
     "ModelWorkerClient.resolve_last_batch_result": ("self", "launch_done"),
     "Llama3RotaryEmbedding.__init__": (
@@ -152,7 +153,7 @@ ATTRIBUTES: dict[str, tuple[str, ...]] = {
     "ModelWorkerClient": ("worker", "input_queue", "forward_thread", "async_gather_fn"),
     "ModelRunner": (
         *("model", "model_state_leaves", "model_config", "mesh", "req_to_token_pool"),
-        *("_sampler_base_rng", "forward", "sample", "memory_pools"),
+        *("_sampler_base_rng", "forward", "sample", "memory_pools", "attn_backend"),
     ),
     # memory.py (release / resume): the per-layer KV buffer lists, in place
     "MemoryPools": ("_pools",),

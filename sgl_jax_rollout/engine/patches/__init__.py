@@ -169,6 +169,12 @@ instead of raising.
   the host's full-to-window slot mapping, which upstream flattens into every forward's
   arguments (`memory_pool.py:825-838`) while its allocator keeps writing it
   (`allocator.py:468`): the aliasing `cache_loc_copied` describes, for the mapping.
+- `swa_mapping_not_static`: wraps `ModelRunner.init_memory_pool` to take back the slot mapping
+  upstream hands the attention backend for its flash kernel
+  (`model_runner_kv_cache_mixin.py:823-828`) when the backend is the native one, which never
+  reads it: the native backend is an nnx pytree, so the numpy array became static metadata of
+  every forward's arguments, and a second engine with a hybrid pool in the same process failed
+  at its first step (JAX compares cached calls' metadata; two arrays have no truth value).
 - `cache_loc_copied`: wraps `ScheduleBatch._merge_cache_loc` so that on CPU each step's
   `cache_loc` (the KV slots attention reads) is a fresh array. Upstream returns a view of one
   persistent host buffer (`req_to_token_pool.cache_loc_host_buf`, `schedule_batch.py:2400,

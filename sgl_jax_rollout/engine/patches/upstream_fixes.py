@@ -3,9 +3,9 @@ the catalog, `patches/__init__.py`, and in each patch's docstring).
 
 Owns `install` for `llama3_rope_scaling`, `attention_head_dim_unpadded`,
 `attention_logit_cap`, `native_attention_per_rank` and `swa_pool_native_attention` (one wrapper
-of the CPU attention), `swa_mapping_copied`, `cache_loc_copied`, `scheduler_faulthandler` and
-`sampler_key_typed`; `unpadded_heads`, the head cut the attention fix applies, and
-`window_slots`, the slot translation of the sliding-window pool.
+of the CPU attention), `swa_mapping_copied`, `swa_mapping_not_static`, `cache_loc_copied`,
+`scheduler_faulthandler` and `sampler_key_typed`; `unpadded_heads`, the head cut the attention
+fix applies, and `window_slots`, the slot translation of the sliding-window pool.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ def install() -> None:
     if not hasattr(swa_pool, "set_kv_buffer_legacy"):
         swa_pool.set_kv_buffer_legacy = _swa_set_kv_buffer_legacy
     wrap(swa_pool, "tree_flatten", _window_mapping_copied)
+    wrap(get("ModelRunner"), "init_memory_pool", _no_window_mapping_on_native_attention)
     native = upstream.module("layers.attention.native_backend")
     if not isinstance(native.jnp, _ScoreCappingNumpy):
         native.jnp = _ScoreCappingNumpy()
@@ -112,6 +113,21 @@ def _window_mapping_copied(original, self):
     if jax.default_backend() != "cpu":
         return children, aux
     return tuple(np.array(c) if isinstance(c, np.ndarray) else c for c in children), aux
+
+
+def _no_window_mapping_on_native_attention(original, self, *args, **kwargs):
+    """swa_mapping_not_static: upstream's hybrid-pool setup hands the attention backend the
+    allocator's slot mapping (`model_runner_kv_cache_mixin.py:823-828`, for the flash
+    backend). The native backend is an nnx pytree that never reads it, where a numpy attribute
+    becomes static metadata: the second engine of a process then failed at its first step
+    (JAX compares a cached call's metadata, and two arrays have no truth value)."""
+    out = original(self, *args, **kwargs)
+    backend = self.attn_backend
+    if isinstance(backend, upstream.get("NativeAttention")) and "swa_index_mapping" in vars(
+        backend
+    ):
+        object.__delattr__(backend, "swa_index_mapping")
+    return out
 
 
 def _swa_set_kv_buffer_legacy(self, layer_id: int, loc, cache_k, cache_v):
