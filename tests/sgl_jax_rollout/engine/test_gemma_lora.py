@@ -98,5 +98,5 @@ def test_engine_buffers_compute_qwix_deltas(actor):
 
 
 def test_unknown_factors_are_refused_by_name():
-    with pytest.raises(ValueError, match=r"no sgl-jax Gemma 2 LoRA buffer for tunix's "):
+    with pytest.raises(ValueError, match=r"no sgl-jax Gemma LoRA buffer for tunix's "):
         engine_lora_buffers({"embedder.input_embedding_lora_a": np.zeros((1, 2, 3))})
