@@ -285,7 +285,83 @@ def _safetensors_dtypes(path) -> set[str]:
 def test_presets_are_exported():
     from sgl_jax_rollout.tiny_model import LIKE_PRESETS
 
-    assert sorted(REAL) == sorted(LIKE_PRESETS)
+    assert sorted([*REAL, GEMMA4]) == sorted(LIKE_PRESETS)
+
+
+# google/gemma-4-31B-it's config.json (text_config) and generation_config.json, written from
+# the checkpoint's values (window 1,024 there, 256 in the replica), not from the builder.
+GEMMA4 = "gemma-4-31b-it"
+GEMMA4_TEXT = {
+    "model_type": "gemma4_text",
+    "head_dim": 256,
+    "global_head_dim": 512,
+    "attention_k_eq_v": True,
+    "rope_parameters": {
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "full_attention": {
+            "rope_type": "proportional",
+            "partial_rotary_factor": 0.25,
+            "rope_theta": 1000000.0,
+        },
+    },
+    "final_logit_softcapping": 30.0,
+    "rms_norm_eps": 1e-6,
+    "hidden_activation": "gelu_pytorch_tanh",
+    "attention_bias": False,
+    "enable_moe_block": False,
+    "hidden_size_per_layer_input": 0,
+    "num_kv_shared_layers": 0,
+    "tie_word_embeddings": True,
+    "bos_token_id": 2,
+    "eos_token_id": 1,
+    "pad_token_id": 0,
+}
+GEMMA4_GENERATION = {
+    "bos_token_id": 2,
+    "eos_token_id": [1, 106, 50],
+    "pad_token_id": 0,
+    "do_sample": True,
+    "temperature": 1.0,
+    "top_k": 64,
+    "top_p": 0.95,
+}
+
+
+def test_gemma4_replica_keeps_the_checkpoints_layout(tmp_path):
+    """Gemma 4's own layout: the language model's config under `text_config`, its weights
+    under `model.language_model.`, five windowed layers to one full one, the full layers'
+    keys their values (no `v_proj`) with a quarter of the KV heads, and `<turn|>` at 106."""
+    from transformers import AutoTokenizer
+
+    directory = make_tiny_model(tmp_path / "g4", like=GEMMA4)
+    config = json.loads((directory / "config.json").read_text())
+    assert config["architectures"] == ["Gemma4ForConditionalGeneration"]
+    assert config["model_type"] == "gemma4" and config["eos_token_id"] == [1, 106]
+    text = config["text_config"]
+    for key, value in GEMMA4_TEXT.items():
+        assert text[key] == value, key
+    kinds = text["layer_types"]
+    assert kinds == ["sliding_attention"] * 5 + ["full_attention"] and text["sliding_window"] < 600
+    assert text["num_global_key_value_heads"] * 4 <= max(4, text["num_key_value_heads"])
+    generation = json.loads((directory / "generation_config.json").read_text())
+    assert generation == GEMMA4_GENERATION
+    tokenizer = AutoTokenizer.from_pretrained(str(directory))
+    assert len(tokenizer) == text["vocab_size"]
+    named = ["<pad>", "<eos>", "<bos>", "<|tool_response>", "<|turn>", "<turn|>"]
+    assert tokenizer.convert_tokens_to_ids(named) == [0, 1, 2, 50, 105, 106]
+    assert tokenizer("hi").input_ids[0] == 2
+
+    tensors = load_file(str(directory / "model.safetensors"))
+    assert all(name.startswith("model.language_model.") for name in tensors)
+    p = "model.language_model.layers."
+    full, windowed = p + "5.self_attn.", p + "0.self_attn."
+    assert windowed + "v_proj.weight" in tensors and full + "v_proj.weight" not in tensors
+    assert tensors[full + "q_norm.weight"].shape == (512,)
+    assert tensors[windowed + "k_proj.weight"].shape[0] == text["num_key_value_heads"] * 256
+    assert tensors[full + "k_proj.weight"].shape[0] == text["num_global_key_value_heads"] * 512
+    assert _safetensors_dtypes(directory / "model.safetensors") == {"BF16"}
+    again = make_tiny_model(tmp_path / "again", like=GEMMA4)
+    assert _digest(again) == _digest(directory)
 
 
 @pytest.mark.parametrize("name", sorted(REAL))
