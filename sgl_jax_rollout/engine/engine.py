@@ -39,7 +39,11 @@ from sgl_jax_rollout.engine.collector import Collector, Completion
 from sgl_jax_rollout.engine.lora import LoraLayout, engine_lora_args
 from sgl_jax_rollout.engine.rope_scaling import check_rope_scaling
 from sgl_jax_rollout.engine.rows import RequestSpec, extra_sampler_configs
-from sgl_jax_rollout.engine.settings import EngineSettings, window_kv_differs
+from sgl_jax_rollout.engine.settings import (
+    EngineSettings,
+    language_config,
+    window_kv_differs,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -99,8 +103,7 @@ class RolloutEngine:
         self.model_type = model_config.get("model_type", "")
         self.settings = settings
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        # a multimodal checkpoint (Gemma 4) nests its language model's config
-        vocab = int((model_config.get("text_config") or model_config)["vocab_size"])
+        vocab = int(language_config(model_config)["vocab_size"])
         self.vocab_size = vocab
         valid = len(self.tokenizer) if len(self.tokenizer) < vocab else None
         self.collector = Collector()

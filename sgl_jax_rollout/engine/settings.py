@@ -238,8 +238,14 @@ def window_kv_differs(model_config: dict[str, Any]) -> bool:
     layers (Gemma 4: `head_dim` / `num_key_value_heads` for the window's layers,
     `global_head_dim` / `num_global_key_value_heads` for the others; under `text_config` for
     a multimodal checkpoint)."""
-    text = model_config.get("text_config") or model_config
+    text = language_config(model_config)
     head_dim, heads = text.get("head_dim"), text.get("num_key_value_heads")
     return text.get("global_head_dim", head_dim) != head_dim or (
         text.get("num_global_key_value_heads", heads) != heads
     )
+
+
+def language_config(model_config: dict[str, Any]) -> dict[str, Any]:
+    """The language model's part of an HF config.json: its `text_config` where a multimodal
+    checkpoint (Gemma 4) nests it there, else the config itself."""
+    return model_config.get("text_config") or model_config
