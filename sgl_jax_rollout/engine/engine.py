@@ -88,14 +88,6 @@ class RolloutEngine:
                 "commit a larger page gives wrong logits to every request but the first of a "
                 "batch on the CPU attention backends"
             )
-        if lora is not None and (window_kv_differs(model_config) or "text_config" in model_config):
-            raise ValueError(
-                "LoRA is not served for this model: sgl-jax's LoRA manager reads the layer count "
-                "and one head_dim at the top of the config (srt/lora/lora_manager.py:103-112), "
-                "and this checkpoint nests its config under text_config or has layers of two "
-                "head sizes (Gemma 4); train without LoRA, or merge the adapters and sync the "
-                "full weights"
-            )
         settings = _on_devices(settings, jax.devices())
         from transformers import AutoTokenizer
 

@@ -62,6 +62,11 @@ SYMBOLS: dict[str, tuple[str, str]] = {
     "MemoryPools": ("mem_cache.memory_pool", "MemoryPools"),
     "ReqToTokenPool": ("mem_cache.memory_pool", "ReqToTokenPool"),
     "Llama3RotaryEmbedding": ("layers.embeddings", "Llama3RotaryEmbedding"),
+    "ModelConfig": ("configs.model_config", "ModelConfig"),
+    "LoRAManager": ("lora.lora_manager", "LoRAManager"),
+    "LoRAMemoryPool": ("lora.lora_memory_pool", "LoRAMemoryPool"),
+    "BaseLayerWithLoRA": ("lora.layers", "BaseLayerWithLoRA"),
+    "LinearBase": ("layers.linear", "LinearBase"),
     "RoutedExpertsCapturerNoop": ("layers.routed_experts_capturer", "_RoutedExpertsCapturerNoop"),
     "GenerateReqInput": ("managers.io_struct", "GenerateReqInput"),
     "AbortReq": ("managers.io_struct", "AbortReq"),
@@ -74,6 +79,7 @@ SYMBOLS: dict[str, tuple[str, str]] = {
         "layers.routed_experts_capturer",
         "get_global_experts_capturer",
     ),
+    "get_target_module_name": ("lora.utils", "get_target_module_name"),
 }
 
 # Functions we wrap or call, and the parameters we pass or rely on ("Class.method" or a symbol).
@@ -103,6 +109,8 @@ FUNCTIONS: dict[str, tuple[str, ...]] = {
     "ModelRunner.initialize_jit": ("self",),
     "ModelRunner.init_memory_pool": ("self",),
     "ModelRunner.__init__": ("self",),
+    "LoRAManager.__init__": ("self", "base_hf_config", "model_config"),
+    "LoRAManager.init_memory_pool": ("self",),
     "ModelWorkerClient.resolve_last_batch_result": ("self", "launch_done"),
     "Llama3RotaryEmbedding.__init__": (
         *("self", "head_size", "rotary_dim", "max_position_embeddings", "base"),
@@ -135,6 +143,7 @@ FUNCTIONS: dict[str, tuple[str, ...]] = {
     ),
     "merge_kv": ("k", "v"),
     "get_global_experts_capturer": (),
+    "get_target_module_name": ("full_module_name", "target_modules"),
     "AbortReq": ("rid",),
     "FINISH_ABORT": ("message",),
 }
@@ -183,6 +192,14 @@ ATTRIBUTES: dict[str, tuple[str, ...]] = {
         *("layer_id", "logit_cap"),
     ),
     "NativeAttention": ("mesh",),
+    # patches/upstream_fixes.py lora_buffers_per_layer
+    "LoRAManager": ("memory_pool", "lora_modules"),
+    "LoRAMemoryPool": (
+        *("A_buffer", "B_buffer", "target_modules", "max_loras_per_batch", "max_lora_rank"),
+    ),
+    "ModelConfig": ("hf_text_config",),  # lora_text_config
+    "BaseLayerWithLoRA": ("base_layer",),
+    "LinearBase": ("weight",),
     "Llama3RotaryEmbedding": ("base", "_inv_freq_np"),
     "ForwardMode": ("DECODE",),
     "AttentionType": ("ENCODER_ONLY",),

@@ -100,24 +100,3 @@ def test_end_of_turn_ends_a_completion_and_a_session_goes_on_after_it(like, tmp_
             assert turn.tokens[-1] == end_of_turn
     finally:
         rollout.shutdown()
-
-
-def test_a_gemma4_lora_actor_is_refused_before_the_engine_starts(tmp_path):
-    """sgl-jax's LoRA manager reads one layer count and one head_dim at the top of the config
-    (srt/lora/lora_manager.py:103-112): Gemma 4 nests its config and has two head sizes, so a
-    LoRA actor is refused by name before any engine starts, never served wrong."""
-    import jax
-
-    from sgl_jax_rollout.engine import patches
-    from sgl_jax_rollout.rollout import SglangJaxRollout
-    from sgl_jax_rollout.tiny_model import make_tiny_model
-    from tunix_adapter.cluster import lora_scaling, with_lora
-    from tunix_adapter.models import load_tunix_model
-
-    model_dir = make_tiny_model(tmp_path / "g4", like="gemma-4-31b-it", dtype="float32")
-    mesh = jax.make_mesh((1, 1), ("fsdp", "tp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
-    lora = {"rank": 4, "alpha": 8.0}
-    actor = with_lora(load_tunix_model(model_dir, mesh), lora, mesh)
-    with pytest.raises(ValueError, match="LoRA is not served for this model.*Gemma 4"):
-        SglangJaxRollout(rollout_actor=actor, model_path=model_dir, lora_scaling=lora_scaling(lora))
-    assert patches.current() is None  # no engine was started

@@ -27,11 +27,13 @@ def test_each_family_agrees_with_the_tunix_trainer_past_position_1024(like, tmp_
     assert not failed, f"{like}: " + "; ".join(failed)
 
 
-@pytest.mark.parametrize("like", sorted(n for n in LIKE_PRESETS if n.startswith("gemma-2")))
+@pytest.mark.parametrize("like", sorted(n for n in LIKE_PRESETS if n.startswith("gemma-")))
 def test_gemma_lora_syncs_agree_with_the_tunix_trainer(like, tmp_path):
     """tunix Gemma's qwix adapters (on its attention einsums and MLP) served by the engine's
     q/k/v/o projections: logprobs after a sync of perturbed adapters, and small adapters
-    served whole, over prompts past twice the sliding window."""
+    served whole, over prompts past twice the sliding window. Gemma 4 needs the
+    `lora_text_config` and `lora_buffers_per_layer` patches: without either the engine does
+    not start (its config is nested; its full layers' q/k/o adapters are twice as wide)."""
     from sgl_jax_rollout.tiny_model import make_tiny_model
     from tunix_adapter import check
 

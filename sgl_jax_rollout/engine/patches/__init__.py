@@ -175,6 +175,15 @@ instead of raising.
   reads it: the native backend is an nnx pytree, so the numpy array became static metadata of
   every forward's arguments, and a second engine with a hybrid pool in the same process failed
   at its first step (JAX compares cached calls' metadata; two arrays have no truth value).
+- `lora_text_config`: wraps `LoRAManager.__init__` so the LoRA manager reads the language
+  model's config (`ModelConfig.hf_text_config`). Upstream hands it the checkpoint's top-level
+  config (`model_runner.py:1031-1033`) and reads layers, hidden size and heads at its top
+  (`lora_manager.py:103-112`), which Gemma 4 nests under `text_config`: a LoRA engine failed
+  at start.
+- `lora_buffers_per_layer`: wraps `LoRAManager.init_memory_pool` so each layer's LoRA buffers
+  have the shape of the kernel they adapt. Upstream sizes every layer's from one head_dim and
+  KV head count (`lora_memory_pool.py:232-294`), while Gemma 4's full layers have twice the
+  head_dim and a quarter of the KV heads: their adapters could not be added.
 - `cache_loc_copied`: wraps `ScheduleBatch._merge_cache_loc` so that on CPU each step's
   `cache_loc` (the KV slots attention reads) is a fresh array. Upstream returns a view of one
   persistent host buffer (`req_to_token_pool.cache_loc_host_buf`, `schedule_batch.py:2400,

@@ -4,7 +4,8 @@ the catalog, `patches/__init__.py`, and in each patch's docstring).
 Owns `install` for `llama3_rope_scaling`, `attention_head_dim_unpadded`,
 `attention_logit_cap`, `native_attention_per_rank` and `swa_pool_native_attention` (one wrapper
 of the CPU attention), `swa_mapping_copied`, `swa_mapping_not_static`, `cache_loc_copied`,
-`scheduler_faulthandler` and `sampler_key_typed`; `unpadded_heads`, the head cut the attention
+`scheduler_faulthandler`, `sampler_key_typed`, `lora_text_config` and `lora_buffers_per_layer`;
+`unpadded_heads`, the head cut the attention
 fix applies, and `window_slots`, the slot translation of the sliding-window pool.
 """
 
@@ -46,6 +47,8 @@ def install() -> None:
     wrap(get("Llama3RotaryEmbedding"), "__init__", _llama3_scaled_frequencies)
     wrap(get("ScheduleBatch"), "_merge_cache_loc", _cache_loc_copied)
     wrap(get("ModelRunner"), "initialize_jit", _typed_sampler_key)
+    wrap(get("LoRAManager"), "__init__", _lora_manager_on_text_config)
+    wrap(get("LoRAManager"), "init_memory_pool", _lora_buffers_per_layer)
 
 
 def _llama3_scaled_frequencies(original, self, *args, **kwargs):
@@ -127,6 +130,46 @@ def _no_window_mapping_on_native_attention(original, self, *args, **kwargs):
         backend
     ):
         object.__delattr__(backend, "swa_index_mapping")
+    return out
+
+
+def _lora_manager_on_text_config(original, self, *args, **kwargs):
+    """lora_text_config: the LoRA manager reads the language model's config. Upstream hands it
+    the checkpoint's top-level config (`model_runner.py:1031-1033`) and reads the layer count,
+    hidden size and heads at its top (`lora_manager.py:103-112`), which a multimodal
+    checkpoint (Gemma 4) nests under `text_config`: the engine failed at start."""
+    model_config = kwargs.get("model_config")
+    text_config = getattr(model_config, "hf_text_config", None)
+    if text_config is not None and "base_hf_config" in kwargs:
+        kwargs["base_hf_config"] = text_config
+    return original(self, *args, **kwargs)
+
+
+def _lora_buffers_per_layer(original, self, *args, **kwargs):
+    """lora_buffers_per_layer: each layer's LoRA buffers take the shape of the layer they adapt.
+    Upstream sizes every layer's buffers from one head_dim and one KV head count
+    (`lora_memory_pool.py:232-294`), while a Gemma 4 full-attention layer has twice the
+    head_dim and a quarter of the KV heads of a windowed one: its adapters could not be added.
+    A buffer whose shape differs from its base layer's kernel (`[in, out]`: A
+    `(loras, rank, in)`, B `(loras, out, rank)`) is made again in zeros with that shape, dtype
+    and sharding, before upstream hands the buffers to the layers (`update_lora_info`)."""
+    out = original(self, *args, **kwargs)
+    pool = self.memory_pool
+    get_target = upstream.get("get_target_module_name")
+    for layer_id, modules in enumerate(self.lora_modules):
+        for name, module in modules.items():
+            fan_in, fan_out = module.base_layer.weight.value.shape
+            target = get_target(name, pool.target_modules)
+            for buffers, shape in (
+                (pool.A_buffer[target], (pool.max_loras_per_batch, pool.max_lora_rank, fan_in)),
+                (pool.B_buffer[target], (pool.max_loras_per_batch, fan_out, pool.max_lora_rank)),
+            ):
+                old = buffers[layer_id]
+                if old.shape != shape:
+                    buffers[layer_id] = jax.jit(
+                        lambda shape=shape, dtype=old.dtype: jnp.zeros(shape, dtype),
+                        out_shardings=old.sharding,
+                    )()
     return out
 
 
