@@ -212,6 +212,7 @@ def lora_update_error(rollout, trainer) -> float:
 
     from sgl_jax_rollout.engine.gemma_mapping import engine_modules
     from sgl_jax_rollout.engine.lora import LORA_A, LORA_B, factor_pairs
+    from sgl_jax_rollout.engine.moe_mapping import engine_module
 
     layout = rollout.engine.lora
     engine = {".".join(map(str, p)): v.value for p, v in rollout.engine.engine_state().flat_state()}
@@ -222,11 +223,12 @@ def lora_update_error(rollout, trainer) -> float:
         expected = layout.scaling(target) * a.reshape(-1, rank) @ b.reshape(rank, -1)
         layer, module = target.split(".")[1], target.split(".")[-2]
         served = []  # one tunix module may feed several engine modules (Gemma's kv_einsum)
-        for engine_module in engine_modules(module):
+        for fed in engine_modules(module):
+            served_by = engine_module(rollout.engine.model_type, fed)  # Qwen3-MoE: c_proj
             prefix = next(
                 name.removesuffix(".A_buffer")
                 for name in engine
-                if re.fullmatch(rf"model\.layers\.{layer}\.\w+\.{engine_module}\.A_buffer", name)
+                if re.fullmatch(rf"model\.layers\.{layer}\.\w+\.{served_by}\.A_buffer", name)
             )
             a_buf, b_buf = (np.asarray(engine[f"{prefix}.{k}_buffer"][0], np.float64) for k in "AB")
             served.append((b_buf @ a_buf).T)

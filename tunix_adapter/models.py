@@ -1,7 +1,7 @@
 """Loading an HF checkpoint directory into tunix's nnx model (the trainer's copy).
 
 Owns the translation of an HF `config.json` into tunix's `ModelConfig` for the architectures
-tunix ships (qwen3, qwen2, llama, Gemma 2 through `tunix.models.gemma`, dense Gemma 4
+tunix ships (qwen3 dense and MoE, qwen2, llama, Gemma 2 through `tunix.models.gemma`, dense Gemma 4
 through `tunix.models.gemma4`, `gemma4_config`) and the call to
 tunix's own safetensors loader. tunix's Gemma fixes what Gemma 2's config could set otherwise
 (RoPE base 10,000, norm epsilon 1e-6, query scale `head_dim ** -0.5`; `models/gemma/
@@ -27,6 +27,7 @@ from tunix_adapter.rope import fix_rope, rope_config
 # HF model_type -> tunix package under tunix.models, and the name of its tied-embedding flag.
 _TUNIX_MODELS = {
     "qwen3": ("qwen3", "use_tied_embedding"),
+    "qwen3_moe": ("qwen3", "use_tied_embedding"),
     "qwen2": ("qwen2", "use_tied_embedding"),
     "llama": ("llama3", "weight_tying"),
 }
@@ -60,21 +61,42 @@ def _tunix_config_and_package(model_dir: str | Path):
     package, tied_flag = _TUNIX_MODELS[model_type]
     model_lib = tunix_compat.model_module(package, "model")
     heads = hf["num_attention_heads"]
+    experts = _moe_fields(hf) if model_type == "qwen3_moe" else {}
     config = model_lib.ModelConfig(
         num_layers=hf["num_hidden_layers"],
         vocab_size=hf["vocab_size"],
         embed_dim=hf["hidden_size"],
-        hidden_dim=hf["intermediate_size"],
+        hidden_dim=hf["moe_intermediate_size"] if experts else hf["intermediate_size"],
         num_heads=heads,
         head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
         num_kv_heads=hf.get("num_key_value_heads", heads),
         rope_theta=hf.get("rope_theta", 10_000),
         norm_eps=hf.get("rms_norm_eps", 1e-6),
         **{tied_flag: bool(hf.get("tie_word_embeddings", False))},
+        **experts,
     )
     # tunix's llama3 / qwen3 attention ignores the config's RoPE: compute what it defines.
     fix_rope()
     return rope_config(package, config, hf), package
+
+
+def _moe_fields(hf: dict[str, Any]) -> dict[str, int]:
+    """tunix Qwen3 `ModelConfig`'s expert fields for a Qwen3-MoE config. tunix's `MoELayer`
+    (`models/qwen3/model.py:692-780`) routes every layer, renormalises the top-k weights and
+    has no shared expert: a config that says otherwise is refused by name."""
+    fixed = {"norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": []}
+    for key, value in fixed.items():
+        if hf.get(key, value) != value:
+            raise ValueError(
+                f"config.json {key} must be {value!r} for tunix's Qwen3 MoE layer (every layer "
+                f"sparse, top-k weights renormalised), got {hf[key]!r}"
+            )
+    if hf.get("shared_expert_intermediate_size"):
+        raise ValueError(
+            "config.json shared_expert_intermediate_size: tunix's Qwen3 MoE layer has no "
+            f"shared expert, got {hf['shared_expert_intermediate_size']!r}"
+        )
+    return {"num_experts": hf["num_experts"], "num_experts_per_tok": hf["num_experts_per_tok"]}
 
 
 # What tunix's Gemma computes whatever the config says (models/gemma/model.py).

@@ -120,7 +120,7 @@ class RolloutEngine:
             str(model_path), jax.default_backend(), window_kv_differs(model_config)
         )
         if lora is not None:
-            server_args.update(engine_lora_args(lora))
+            server_args.update(engine_lora_args(lora, self.model_type))
         self.lora = lora  # the static LoRA layout served (None: no adapters)
         patches.apply(server_args)
         patches.activate(self._hooks, STOP_TIMEOUT_S)

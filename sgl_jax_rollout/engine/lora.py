@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 
 from sgl_jax_rollout.engine.gemma_mapping import engine_modules
+from sgl_jax_rollout.engine.moe_mapping import engine_module
 
 LORA_A, LORA_B = "_lora_a", "_lora_b"
 
@@ -109,13 +110,14 @@ def lora_layout(actor: Any, lora_scaling: float | None) -> LoraLayout | None:
     )
 
 
-def engine_lora_args(layout: LoraLayout) -> dict[str, Any]:
+def engine_lora_args(layout: LoraLayout, model_type: str) -> dict[str, Any]:
     """sgl-jax `ServerArgs` keywords of its static LoRA path (one adapter, always applied) for
-    `layout`: scaling 1, since `engine_factors` folds each module's scaling into its B."""
+    `layout` on a `model_type` engine (its own module names, `moe_mapping.engine_module`):
+    scaling 1, since `engine_factors` folds each module's scaling into its B."""
     return {
         "enable_static_lora": True,
         "max_lora_rank": layout.rank,
-        "lora_target_modules": list(layout.modules),
+        "lora_target_modules": [engine_module(model_type, m) for m in layout.modules],
         "lora_scaling": 1.0,
         "max_loras_per_batch": 1,
     }

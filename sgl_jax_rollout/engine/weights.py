@@ -39,9 +39,10 @@ from flax import nnx
 from sgl_jax_rollout.engine.gemma_mapping import engine_lora_buffers, engine_params
 from sgl_jax_rollout.engine.hosts import HostLocal, split_over
 from sgl_jax_rollout.engine.lora import LORA_A, LORA_B, LoraLayout, engine_factors
+from sgl_jax_rollout.engine.moe_mapping import qwen3_moe_mapping
 
 # config.json model_type -> tunix model package with a mapping_sglang_jax module.
-TUNIX_FAMILIES = {"qwen3": "qwen3", "qwen2": "qwen2", "llama": "llama3"}
+TUNIX_FAMILIES = {"qwen3": "qwen3", "qwen3_moe": "qwen3", "qwen2": "qwen2", "llama": "llama3"}
 # config.json model_type of the families mapped by `engine.gemma_mapping`.
 GEMMA_TYPES = ("gemma2", "gemma4")
 
@@ -120,8 +121,10 @@ class WeightSwapper:
         from sgl_jax_rollout import tunix_compat as tunix
 
         if self._mapper is None:
-            table = tunix.model_module(family, "mapping_sglang_jax")
-            config = tunix.MappingConfig.build(mapping_obj=table.SGLANG_JAX_MAPPING)
+            table = tunix.model_module(family, "mapping_sglang_jax").SGLANG_JAX_MAPPING
+            if self._model_type == "qwen3_moe":  # tunix's table lacks the experts
+                table = qwen3_moe_mapping(table)
+            config = tunix.MappingConfig.build(mapping_obj=table)
             model_config = self._runner.model_config
             num_kv_heads = model_config.get_total_num_kv_heads()
             head_dim = model_config.head_dim

@@ -53,7 +53,9 @@ ARCHITECTURES = {
 # The tokenizer vocabulary of each architecture (the built-in one unless listed).
 VOCABULARIES: dict[str, Vocabulary] = {"gemma2": GEMMA, "gemma4": GEMMA4}
 # Architectures only a `--like` replica writes (their checkpoints' layout is their own).
-LIKE_ONLY = {"gemma4": gemma4_replica.ARCHITECTURE}
+LIKE_ONLY = {"gemma4": gemma4_replica.ARCHITECTURE, "qwen3_moe": "Qwen3MoeForCausalLM"}
+# The replica's mixture of experts (Qwen3-30B-A3B: 128 experts, 8 per token, 768 wide).
+MOE_EXPERTS, MOE_TOP_K, MOE_INTERMEDIATE = 8, 2, 96
 MIN_VOCAB = 300
 DEFAULT_VOCAB = 1024
 DTYPES = ("float32", "bfloat16")
@@ -208,6 +210,28 @@ LIKE_PRESETS: dict[str, LikePreset] = {
         eos_with_bos=False,
         head_dim=256,
         max_positions=8192,
+    ),
+    "qwen3-30b-a3b": LikePreset(
+        arch="qwen3_moe",
+        hf_repo="Qwen/Qwen3-30B-A3B",
+        # Qwen/Qwen3-30B-A3B config.json: every layer sparse, top-k renormalised, no shared
+        # expert; 8 experts, 2 per token, 96 wide at the tiny size.
+        config={
+            **_QWEN_BASE,
+            "rope_theta": 1000000.0,
+            "tie_word_embeddings": False,
+            "decoder_sparse_step": 1,
+            "mlp_only_layers": [],
+            "norm_topk_prob": True,
+            "num_experts": MOE_EXPERTS,
+            "num_experts_per_tok": MOE_TOP_K,
+            "moe_intermediate_size": MOE_INTERMEDIATE,
+            "output_router_logits": False,
+            "router_aux_loss_coef": 0.001,
+        },
+        generation=_QWEN3_GENERATION,
+        eos_with_bos=True,
+        head_dim=128,
     ),
     "gemma-4-31b-it": LikePreset(
         arch="gemma4",
@@ -377,7 +401,10 @@ def _hf_config(arch: str, vocab: int, s: TinyShape, ids: dict[str, int]) -> dict
 
 def _like_config(preset: LikePreset, vocab: int, s: TinyShape, ids: dict[str, int]) -> dict:
     """The key set of the real checkpoint's config.json, at the tiny sizes."""
-    architecture, model_type = ARCHITECTURES[preset.arch]
+    if preset.arch in ARCHITECTURES:
+        architecture, model_type = ARCHITECTURES[preset.arch]
+    else:  # a replica-only architecture: HF's model_type is its name
+        architecture, model_type = LIKE_ONLY[preset.arch], preset.arch
     max_positions = max(preset.max_positions or 0, s.max_positions)
     config: dict[str, Any] = {
         "architectures": [architecture],
@@ -398,7 +425,7 @@ def _like_config(preset: LikePreset, vocab: int, s: TinyShape, ids: dict[str, in
         "bos_token_id": ids["bos"],
         "eos_token_id": ids["eos"],
     }
-    if preset.arch == "qwen3":  # q/k RMSNorm (tensors), no biases
+    if preset.arch in ("qwen3", "qwen3_moe"):  # q/k RMSNorm (tensors), no biases
         config.update(
             attention_bias=False,
             rope_scaling=None,
@@ -465,12 +492,15 @@ def _random_weights(
             tensors[p + "self_attn.q_proj.bias"] = normal(q, std=0.1)
             tensors[p + "self_attn.k_proj.bias"] = normal(kv, std=0.1)
             tensors[p + "self_attn.v_proj.bias"] = normal(kv, std=0.1)
-        if arch == "qwen3":
+        if arch in ("qwen3", "qwen3_moe"):
             tensors[p + "self_attn.q_norm.weight"] = norm_weight(s.head_dim)
             tensors[p + "self_attn.k_norm.weight"] = norm_weight(s.head_dim)
         if arch == "gemma2":  # norms around the feed-forward block too
             tensors[p + "pre_feedforward_layernorm.weight"] = norm_weight(s.hidden)
             tensors[p + "post_feedforward_layernorm.weight"] = norm_weight(s.hidden, post_gain)
+        if arch == "qwen3_moe":
+            tensors.update(_experts(p + "mlp.", s.hidden, normal))
+            continue
         tensors[p + "mlp.gate_proj.weight"] = normal(s.intermediate, s.hidden, std=s.hidden**-0.5)
         tensors[p + "mlp.up_proj.weight"] = normal(s.intermediate, s.hidden, std=s.hidden**-0.5)
         tensors[p + "mlp.down_proj.weight"] = normal(
@@ -479,6 +509,20 @@ def _random_weights(
     tensors["model.norm.weight"] = norm_weight(s.hidden)
     if not tied:
         tensors["lm_head.weight"] = normal(vocab, s.hidden, std=s.lm_head_std)
+    return tensors
+
+
+def _experts(prefix: str, hidden: int, normal) -> dict[str, np.ndarray]:
+    """A Qwen3-MoE block's tensors: the router (`gate`, `[experts, hidden]`; router logits of
+    std ~1, so a token's top experts are neither ties nor foregone) and each expert's SwiGLU
+    MLP, HF's names and `[out, in]` layout."""
+    f = MOE_INTERMEDIATE
+    tensors = {prefix + "gate.weight": normal(MOE_EXPERTS, hidden, std=hidden**-0.5)}
+    for e in range(MOE_EXPERTS):
+        q = f"{prefix}experts.{e}."
+        tensors[q + "gate_proj.weight"] = normal(f, hidden, std=hidden**-0.5)
+        tensors[q + "up_proj.weight"] = normal(f, hidden, std=hidden**-0.5)
+        tensors[q + "down_proj.weight"] = normal(hidden, f, std=f**-0.5)
     return tensors
 
 

@@ -1,8 +1,9 @@
 """The model families users train, as tiny float32 replicas of their configs (`--like`), each
 through the `check` pre-flight: greedy tokens, processed logprobs at T 1 and 0.7 over
 completions past position 1,024, and one sync of perturbed weights, all against tunix's
-trainer-side `compute_per_token_logps`; for Gemma also LoRA syncs (engine-marked; one engine
-at a time, each shut down before the session rollout starts (tests/conftest.py)).
+trainer-side `compute_per_token_logps`; for Gemma and Qwen3-MoE (mappings of our own) also
+LoRA syncs (engine-marked; one engine at a time, each shut down before the session rollout
+starts (tests/conftest.py)).
 """
 
 from __future__ import annotations
@@ -27,11 +28,15 @@ def test_each_family_agrees_with_the_tunix_trainer_past_position_1024(like, tmp_
     assert not failed, f"{like}: " + "; ".join(failed)
 
 
-@pytest.mark.parametrize("like", sorted(n for n in LIKE_PRESETS if n.startswith("gemma-")))
-def test_gemma_lora_syncs_agree_with_the_tunix_trainer(like, tmp_path):
-    """tunix Gemma's qwix adapters (on its attention einsums and MLP) served by the engine's
-    q/k/v/o projections: logprobs after a sync of perturbed adapters, and small adapters
-    served whole, over prompts past twice the sliding window. Gemma 4 needs the
+OWN_MAPPINGS = sorted(n for n in LIKE_PRESETS if n.startswith("gemma-") or "-a3b" in n)
+
+
+@pytest.mark.parametrize("like", OWN_MAPPINGS)
+def test_lora_syncs_agree_with_the_tunix_trainer(like, tmp_path):
+    """qwix adapters on the attention (and Gemma's MLP) served by the engine's q/k/v/o
+    projections (Qwen3-MoE's o_proj is sgl-jax's `c_proj`): logprobs after a sync of perturbed
+    adapters, and small adapters served whole; Gemma's over prompts past twice the sliding
+    window. Gemma 4 needs the
     `lora_text_config` and `lora_buffers_per_layer` patches: without either the engine does
     not start (its config is nested; its full layers' q/k/o adapters are twice as wide)."""
     from sgl_jax_rollout.tiny_model import make_tiny_model

@@ -190,6 +190,30 @@ REAL = {
         },
         {"temperature": 0.6, "top_k": 20, "top_p": 0.95, "do_sample": True},
     ),
+    # Qwen/Qwen3-30B-A3B's config.json, its MoE keys at their real values but the expert
+    # count, top-k and width (128, 8, 768 there).
+    "qwen3-30b-a3b": (
+        {
+            "architectures": ["Qwen3MoeForCausalLM"],
+            "model_type": "qwen3_moe",
+            "head_dim": 128,
+            "tie_word_embeddings": False,
+            "rope_theta": 1000000.0,
+            "rope_scaling": None,
+            "rms_norm_eps": 1e-6,
+            "attention_bias": False,
+            "use_sliding_window": False,
+            "decoder_sparse_step": 1,
+            "mlp_only_layers": [],
+            "norm_topk_prob": True,
+            "num_experts": 8,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 96,
+            "output_router_logits": False,
+            "router_aux_loss_coef": 0.001,
+        },
+        {"temperature": 0.6, "top_k": 20, "top_p": 0.95, "do_sample": True},
+    ),
     "qwen2.5-1.5b-instruct": (
         {
             "architectures": ["Qwen2ForCausalLM"],
@@ -384,8 +408,17 @@ def test_like_config_generation_config_and_tensors(name, like_dirs):
     assert ("lm_head.weight" in tensors) == (not config["tie_word_embeddings"])
     assert ("model.layers.0.self_attn.q_proj.bias" in tensors) == (config["model_type"] == "qwen2")
     assert ("model.layers.1.self_attn.k_norm.weight" in tensors) == (
-        config["model_type"] == "qwen3"
+        config["model_type"] in ("qwen3", "qwen3_moe")
     )
+    moe = config["model_type"] == "qwen3_moe"  # a router and stacked experts, no dense MLP
+    assert ("model.layers.1.mlp.up_proj.weight" in tensors) == (not moe)
+    if moe:
+        p, width, hidden = "model.layers.1.mlp.", config["moe_intermediate_size"], 64
+        assert tensors[p + "gate.weight"].shape == (config["num_experts"], hidden)
+        last = f"{p}experts.{config['num_experts'] - 1}."
+        assert tensors[last + "gate_proj.weight"].shape == (width, hidden)
+        assert tensors[last + "down_proj.weight"].shape == (hidden, width)
+        assert f"{p}experts.{config['num_experts']}.up_proj.weight" not in tensors
     assert ("model.layers.1.pre_feedforward_layernorm.weight" in tensors) == (
         config["model_type"] == "gemma2"
     )
