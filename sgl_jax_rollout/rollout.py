@@ -36,9 +36,16 @@ from sgl_jax_rollout.tunix_compat import (
 
 @dataclasses.dataclass
 class RolloutOutputWithEntropy(RolloutOutput):
-    """tunix's `RolloutOutput` plus the per-token entropy of each sample (None if not asked)."""
+    """tunix's `RolloutOutput` plus the per-token entropy of each sample (None if not asked)
+    and, with `EngineSettings.return_routed_experts`, the experts each MoE layer routed each
+    token to: `routed_experts[i]` `[len(tokens[i]), layers, top_k]`, aligned with the
+    completion's tokens like its logprobs (row j: completion token j as the model's input;
+    the last token is never an input, its row is -1), and `prompt_routed_experts[i]`
+    `[prompt, layers, top_k]` for the sample's prompt tokens (unpadded)."""
 
     entropy: list[np.ndarray] | None = None
+    routed_experts: list[np.ndarray] | None = None
+    prompt_routed_experts: list[np.ndarray] | None = None
 
 
 class SglangJaxRollout(BaseRollout):
@@ -131,6 +138,7 @@ class SglangJaxRollout(BaseRollout):
             left_padded_prompt_tokens=inputs.left_pad(rows, max_prompt, self.pad_id()),
             logprobs=_per_row(completions, "logprobs") if options.return_logprobs else None,
             entropy=_per_row(completions, "entropy") if options.return_entropy else None,
+            **_routing(completions, [len(r) for r in rows]),
         )
 
     def prompt_token_ids(self, prompts: list[str], max_prompt_length: int) -> list[list[int]]:
@@ -230,6 +238,26 @@ class SglangJaxRollout(BaseRollout):
 
 def _per_row(completions: list[Any], field: str) -> list[np.ndarray]:
     return [np.asarray(getattr(c, field), np.float32) for c in completions]
+
+
+def _routing(completions: list[Any], prompt_lengths: list[int]) -> dict[str, Any]:
+    """`routed_experts` and `prompt_routed_experts` of `RolloutOutputWithEntropy` from each
+    completion's per-input-position routing (`Completion.routed_experts`); empty without it."""
+    if not completions or completions[0].routed_experts is None:
+        return {}
+    tokens, prompts = [], []
+    for c, length in zip(completions, prompt_lengths, strict=True):
+        routed = c.routed_experts
+        expected = length + len(c.tokens) - 1
+        if routed.shape[0] != expected:
+            raise RuntimeError(
+                f"the engine returned routed experts for {routed.shape[0]} positions, expected "
+                f"{expected} (prompt {length} + completion {len(c.tokens)} - 1)"
+            )
+        last = np.full((1, *routed.shape[1:]), -1, np.int32)  # never an input
+        tokens.append(np.concatenate([routed[length:], last]))
+        prompts.append(routed[:length])
+    return {"routed_experts": tokens, "prompt_routed_experts": prompts}
 
 
 def _settings(settings: EngineSettings | Mapping[str, Any] | None, mesh: Any) -> EngineSettings:

@@ -60,6 +60,7 @@ SYMBOLS: dict[str, tuple[tuple[str, str], ...]] = {
     "compute_per_token_logps": (("tunix.rl.common", "compute_per_token_logps"),),
     "grpo_loss_fn": (("tunix.rl.algo_core", "grpo_loss_fn"),),
     "process_ids": (("tunix.rl.common", "process_ids"),),
+    "selective_log_softmax": (("tunix.rl.common", "selective_log_softmax"),),
     "build_positions_from_mask": (("tunix.rl.common", "build_positions_from_mask"),),
     "make_causal_attn_mask": (("tunix.rl.common", "make_causal_attn_mask"),),
     "left_pad": (("tunix.rl.agentic.utils", "left_pad"),),

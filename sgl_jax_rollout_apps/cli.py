@@ -146,6 +146,12 @@ def _bench(args: argparse.Namespace) -> int:
             seed=args.seed,
             model_path=args.model_path,
         )
+    elif args.target == "replay":
+        if _engine_missing():
+            return 2
+        from sgl_jax_rollout_apps.bench import replay_bench
+
+        result = replay_bench.run(model_dir=args.model_path, runs=args.runs)
     else:
         if _engine_missing():
             return 2
@@ -353,11 +359,20 @@ def _add_variant_flags(parser: argparse.ArgumentParser) -> None:
         help="grpo / egpo: only the batch's top-rho tokens by rollout entropy (forking "
         "tokens) carry the policy gradient; rho in (0, 1]",
     )
+    parser.add_argument(
+        "--routing-replay",
+        action="store_true",
+        help="grpo / egpo on a MoE (Qwen3-MoE): the trainer routes every token to the experts "
+        "the rollout routed it to (R3; the engine returns them)",
+    )
 
 
 def _variant_fields(args: argparse.Namespace) -> dict:
     """The `DemoConfig` fields the variant flags set (the bounds only with a correction)."""
-    fields = {"top_entropy_quantile": args.top_entropy_quantile}
+    fields = {
+        "top_entropy_quantile": args.top_entropy_quantile,
+        "routing_replay": args.routing_replay or None,
+    }
     if args.is_correction is not None:
         fields.update(
             is_correction=args.is_correction,
@@ -636,21 +651,27 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="benchmarks printing one JSON object")
     bench.add_argument(
         "target",
-        choices=["sampler", "rollout", "weights", "soak", "memory"],
+        choices=["sampler", "rollout", "weights", "soak", "memory", "replay"],
         help="sampler: ms per sampling step; rollout: tokens/s of the rollouts; weights: "
         "update_params vs device_put; soak: many mixed requests, every completion checked "
         "(exit 1 on a bad one or on memory growth); memory: the engine's memory released "
-        "and resumed (exit 1 on a missed target)",
+        "and resumed (exit 1 on a missed target); replay: a MoE's bfloat16 rollout vs float32 "
+        "trainer logprobs with and without routing replay, and the cost of returning routed "
+        "experts (exit 1 if replay leaves a routing difference)",
     )
     bench.add_argument("--json", action="store_true", help="print compact JSON on one line")
     bench.add_argument("--steps", type=int, default=20, help="sampler: timed steps (>= 20)")
     bench.add_argument(
-        "--runs", type=int, default=5, help="rollout / weights / memory: timed runs (>= 5)"
+        "--runs",
+        type=int,
+        default=5,
+        help="rollout / weights / memory / replay: timed runs (>= 5)",
     )
     bench.add_argument(
         "--model-path",
         default=None,
-        help="rollout / weights / soak / memory: HF model dir (default: tiny model)",
+        help="rollout / weights / soak / memory / replay: HF model dir (default: tiny model; "
+        "replay: the Qwen3-MoE replica in bfloat16)",
     )
     bench.add_argument(
         "--real-size-layers",

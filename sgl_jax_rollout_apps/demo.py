@@ -133,6 +133,9 @@ class DemoConfig:
         "zero_weight"  # mask corrections: TRL's "zero_weight", verl's "response_mask"
     )
     top_entropy_quantile: float | None = None
+    # GRPO / EGPO on a MoE: the trainer routes every token to the rollout's experts (R3); the
+    # engine then returns them (`EngineSettings.return_routed_experts`)
+    routing_replay: bool = False
     engine_settings: Any = None
     preset: str | None = None  # a tpu_configs name: meshes and engine settings of that slice
     lora_rank: int = 0  # > 0: train qwix LoRA adapters of this rank on the actor
@@ -180,6 +183,16 @@ class DemoConfig:
         for name in grpo_only:
             if self.algo == "ppo" and getattr(self, name) is not None:
                 raise ValueError(f"{name} applies to grpo and egpo, not ppo")
+        if self.routing_replay and (self.algo == "ppo" or self.rollout != "sglang_jax"):
+            raise ValueError(
+                "routing_replay applies to grpo and egpo on the sglang_jax rollout (the one that "
+                f"returns routed experts), got algo={self.algo!r}, rollout={self.rollout!r}"
+            )
+        if self.routing_replay and self.preset is not None:
+            raise ValueError(
+                "routing_replay with a preset: pass engine_settings with "
+                "return_routed_experts=True instead of the preset's"
+            )
         if self.algo != "ppo":
             self.algo_config()  # validates the GRPO settings before anything is built
 
@@ -201,9 +214,20 @@ class DemoConfig:
             is_threshold_lower=self.is_threshold_lower,
             is_rejection=self.is_rejection,
             top_entropy_quantile=self.top_entropy_quantile,
+            routing_replay=self.routing_replay,
             think_start_id=think_ids[0],
             think_end_id=think_ids[1],
         )
+
+
+def _routed(config: DemoConfig, settings: Any) -> Any:
+    """`settings` (EngineSettings, a dict or None) returning routed experts where the run
+    replays them."""
+    if not config.routing_replay or settings is None:
+        return settings
+    if isinstance(settings, dict):
+        return {**settings, "return_routed_experts": True}
+    return settings.replace(return_routed_experts=True)
 
 
 def prompts(count: int, seed: int) -> list[str]:
@@ -313,7 +337,7 @@ def build(config: DemoConfig):
         model_path=model_path,
         rollout_config=rollout_config,
         training_config=training,
-        engine_settings=config.engine_settings or (None if preset else settings),
+        engine_settings=_routed(config, config.engine_settings or (None if preset else settings)),
         with_reference=False,
         with_critic=config.algo == "ppo",
         preset=preset,

@@ -3,7 +3,7 @@
 Owns `RolloutCluster`, an `RLCluster` whose `generate` keeps what tunix 0.1.7's merge of
 micro-batches drops: it records each micro-batch output of the rollout while tunix's own
 `generate` runs (nothing of it is copied), and returns a `RolloutOutputWithEntropy` with the
-entropy concatenated in the same order.
+entropy (and a MoE's routed experts) concatenated in the same order.
 
 tunix prepares training batches on its data thread and evaluation batches on the main thread,
 at the same time where the rollout has devices of its own: what belongs to one batch is kept
@@ -152,6 +152,14 @@ class RolloutCluster(RLCluster):
             nnx.state(self.actor_trainer.model), "pinned_host"
         )
 
+    def anchor_model(self) -> Any:
+        """The actor with tunix's anchor parameters (the weights the rollout sampled with,
+        stored by `sync_weights` or `snapshot_policy`) on the devices, and its other state as
+        it is now (a routing-replay slot added since the anchor was stored, for one)."""
+        anchor = put_params_on_memory_kind(self._anchor_policy_state, "device")
+        graphdef, _, rest = nnx.split(self.actor_trainer.model, nnx.Param, ...)
+        return nnx.merge(graphdef, anchor.filter(nnx.Param), rest)
+
     def get_actor_per_token_logps(self, prompt_tokens, completion_tokens, *args, **kwargs):
         return self._per_process(
             super().get_actor_per_token_logps,
@@ -199,15 +207,17 @@ class RolloutCluster(RLCluster):
             merged = super().generate(prompts, *args, **kwargs)
         finally:
             self._batch.parts = None
-        entropy = None
-        if parts and all(getattr(p, "entropy", None) is not None for p in parts):
-            entropy = list(itertools.chain.from_iterable(p.entropy for p in parts))
         fields = {f.name: getattr(merged, f.name) for f in dataclasses.fields(merged)}
-        result = RolloutOutputWithEntropy(**fields, entropy=entropy)
+        for name in OUR_ROW_FIELDS:
+            if parts and all(getattr(p, name, None) is not None for p in parts):
+                fields[name] = list(itertools.chain.from_iterable(getattr(p, name) for p in parts))
+        result = RolloutOutputWithEntropy(**fields)
         self._batch.rollout = self.last_rollout = result
         return result
 
 
+# Per-sample fields of `RolloutOutputWithEntropy` that tunix's merge does not know.
+OUR_ROW_FIELDS = ("entropy", "routed_experts", "prompt_routed_experts")
 RELEASES = (None, "kv", "weights")
 LORA_MODULES = (
     ".*q_proj|.*k_proj|.*v_proj|.*o_proj|.*gate_proj|.*up_proj|.*down_proj"

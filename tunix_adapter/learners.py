@@ -16,8 +16,14 @@ Owns `RolloutGRPOConfig` (tunix's `GRPOConfig` plus the settings below) and
   tokens out of the example's `completion_mask` (`off_policy.py`); with
   `top_entropy_quantile`, zeroes the weights outside the highest-entropy tokens of the global
   batch (`forking.py`);
-- logs the rollout entropy, the trainer/rollout mismatch, the correction's ratios and weights,
+- logs the rollout entropy, the trainer/rollout mismatch (for a MoE whose rollout returns its
+  routing, also `rollout/routing_mismatch_frac`: per layer and overall, the share of positions
+  whose experts the trainer would choose otherwise), the correction's ratios and weights,
   the forking share and the per-prompt group metrics (`metrics.py`);
+- with `routing_replay` (a Qwen3-MoE actor, the engine serving `return_routed_experts`), adds
+  the rollout's routed experts `[B, prompt + max_tokens, layers, top_k]` to the example; the
+  loss's forward and the trainer's scoring of the sampled tokens route every token to them
+  (`routing_replay.py`, verl's R3);
 - for `advantage_estimator="egpo"`, hands the think-span entropy of every sample to the
   registered estimator (`egpo.py`) while tunix computes the advantages.
 
@@ -31,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import threading
 
 import flax
@@ -40,7 +47,7 @@ import numpy as np
 
 from sgl_jax_rollout.rollout_inputs import right_pad_ids, right_pad_values
 from sgl_jax_rollout.tunix_compat import GRPOConfig, GRPOLearner, Mode, TrainExample
-from tunix_adapter import egpo, forking, metrics
+from tunix_adapter import egpo, forking, metrics, routing_replay
 from tunix_adapter.cluster import RolloutCluster
 from tunix_adapter.off_policy import OffPolicyCorrection, apply_correction
 
@@ -49,6 +56,7 @@ from tunix_adapter.off_policy import OffPolicyCorrection, apply_correction
 class RolloutTrainExample(TrainExample):
     rollout_logprobs: jax.Array | None = None
     rollout_entropy: jax.Array | None = None
+    routed_experts: jax.Array | None = None  # [B, prompt + max_tokens, layers, top_k]
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -68,6 +76,10 @@ class RolloutGRPOConfig(GRPOConfig):
     - `top_entropy_quantile`: rho in (0, 1]; only the batch's top-rho completion tokens by
       rollout entropy carry policy-gradient loss (the KL term keeps every token).
     - `pass_threshold`: a sample passes (for `rewards/pass@k`) when its reward is >= this.
+    - `routing_replay` (default False): the trainer's MoE layers use the experts the rollout
+      routed each token to, in the loss and in the trainer's scoring of the old policy
+      (verl `router_replay.mode: R3`, slime `--use-rollout-routing-replay`). Needs a tunix
+      Qwen3-MoE actor and `EngineSettings(return_routed_experts=True)`.
     """
 
     use_rollout_logprobs: bool = True
@@ -78,6 +90,7 @@ class RolloutGRPOConfig(GRPOConfig):
     tis_cap: float | None = None
     top_entropy_quantile: float | None = None
     pass_threshold: float = 1.0
+    routing_replay: bool = False
     log_trainer_logprobs: bool = True
     egpo_lambda: float = 0.4
     egpo_alpha: float = 2.0
@@ -164,6 +177,22 @@ class RolloutGRPOLearner(GRPOLearner):
             raise TypeError("algo_config must be a RolloutGRPOConfig")
         super().__init__(rl_cluster=rl_cluster, algo_config=algo_config, **kwargs)
         self._batch = threading.local()  # trainer_logps, estimator_inputs: this thread's batch
+        if algo_config.routing_replay:
+            self._replay_in_loss()
+
+    def _replay_in_loss(self) -> None:
+        """Wraps tunix's loss (set by `GRPOLearner.__init__`) so that its forward routes with
+        the example's `routed_experts` (`routing_replay.replaying`, inside the trace)."""
+        trainer = self.rl_cluster.actor_trainer
+        routing_replay.enable(trainer.model)
+        loss_fn = trainer.loss_fn
+
+        @functools.wraps(loss_fn)  # nnx.grad maps tunix's keyword inputs by its signature
+        def replayed_loss(model, train_example, *args, **kwargs):
+            with routing_replay.replaying(model, train_example.routed_experts):
+                return loss_fn(model, train_example, *args, **kwargs)
+
+        trainer.with_loss_fn(replayed_loss, has_aux=True)
 
     def _compute_rewards(self, prompts, completions, mode, **kwargs):
         # Called by tunix between generation and the advantage estimator: the moment to hand
@@ -191,6 +220,7 @@ class RolloutGRPOLearner(GRPOLearner):
             )
             example = super()._generate_and_compute_advantage(training_input, mode)
         ids, mask, logprobs, entropy = self._rollout_arrays(mode)
+        self._batch.routing = self._rollout_routing(example.prompt_ids.shape[1], ids.shape[1])
         correction = cfg.off_policy_correction()
         if (cfg.use_rollout_logprobs or correction is not None) and logprobs is None:
             raise ValueError(
@@ -211,6 +241,8 @@ class RolloutGRPOLearner(GRPOLearner):
         batch_metrics = metrics.rollout_metrics(mask, entropy, logprobs, trainer)
         if trainer is not None and logprobs is not None:
             batch_metrics.update(metrics.mismatch_metrics(mask, logprobs, trainer))
+        if self._batch.routing is not None:
+            batch_metrics.update(self._routing_metrics(example.prompt_ids, ids))
         if correction is not None:
             loss_mask, weights = apply_correction(
                 trainer, logprobs, mask, correction, ratio_in_loss=cfg.use_rollout_logprobs
@@ -233,8 +265,35 @@ class RolloutGRPOLearner(GRPOLearner):
             sampler_is_weights=None if weights is None else jnp.asarray(weights),
             rollout_logprobs=None if logprobs is None else jnp.asarray(logprobs),
             rollout_entropy=jnp.asarray(entropy),
+            routed_experts=(jnp.asarray(self._batch.routing) if cfg.routing_replay else None),
         )
         return RolloutTrainExample(**fields)
+
+    def _rollout_routing(self, prompt_width: int, width: int) -> np.ndarray | None:
+        """The last rollout's routed experts in the trainer's input layout, None where the
+        rollout returned none (a dense model); ValueError under `routing_replay` then."""
+        out = self.rl_cluster.batch_rollout
+        if getattr(out, "routed_experts", None) is None:
+            if self.algo_config.routing_replay:
+                routing_replay.input_routing(out, prompt_width, width)  # raises, naming why
+            return None
+        return routing_replay.input_routing(out, prompt_width, width)
+
+    def _routing_metrics(self, prompt_ids, completion_ids) -> metrics.Metrics:
+        """`rollout/routing_mismatch_frac` (overall and per layer): the share of the batch's
+        input positions whose experts the trainer, routing itself, would choose otherwise."""
+        _, used = routing_replay.routing_and_logps(
+            self.rl_cluster.actor_trainer.model,
+            jnp.asarray(prompt_ids),
+            jnp.asarray(completion_ids),
+            None,
+            pad_id=self.rl_cluster.rollout.pad_id(),
+            eos_id=self.rl_cluster.rollout.eos_id(),
+            temperature=self.algo_config.temperature,
+        )
+        routing = self._batch.routing
+        frac = routing_replay.mismatch_frac(routing, np.asarray(used), routing[..., 0, 0] >= 0)
+        return metrics.routing_metrics(frac)
 
     def _old_policy_answer(self, mode: Mode):
         """tunix 0.1.7 scores the old policy (`num_iterations > 1`) with the rollout engine at
@@ -256,6 +315,8 @@ class RolloutGRPOLearner(GRPOLearner):
     def _trainer_scores(self, prompt_ids, completion_ids) -> np.ndarray:
         """The trainer's logprobs `[B, max_tokens]` of the sampled tokens under the weights that
         sampled them (tunix's anchor state), at the rollout temperature; once per batch."""
+        if self._batch.trainer_logps is None and self.algo_config.routing_replay:
+            self._batch.trainer_logps = self._replayed_scores(prompt_ids, completion_ids)
         if self._batch.trainer_logps is None:
             if not self.should_sync_weights:  # the rollout sampled with the actor's own weights
                 self.rl_cluster.snapshot_policy()
@@ -273,6 +334,22 @@ class RolloutGRPOLearner(GRPOLearner):
                 np.float32,
             )
         return self._batch.trainer_logps
+
+    def _replayed_scores(self, prompt_ids, completion_ids) -> np.ndarray:
+        """The trainer's logprobs of the sampled tokens routed as the rollout routed them,
+        under the weights that sampled them (the anchor state, as tunix scores)."""
+        if not self.should_sync_weights:
+            self.rl_cluster.snapshot_policy()
+        logps, _ = routing_replay.routing_and_logps(
+            self.rl_cluster.anchor_model(),
+            jnp.asarray(prompt_ids),
+            jnp.asarray(completion_ids),
+            jnp.asarray(self._batch.routing),
+            pad_id=self.rl_cluster.rollout.pad_id(),
+            eos_id=self.rl_cluster.rollout.eos_id(),
+            temperature=self.algo_config.temperature,
+        )
+        return np.asarray(logps, np.float32)
 
     def _rollout_arrays(self, mode: Mode):
         """(completion ids, mask, logprobs or None, entropy) `[B, max_tokens]` of the last

@@ -17,7 +17,9 @@ Owns the names and the arithmetic (float64, completion tokens only: padding neve
   `sampler_is/{weight_mean,weight_max,frac_clipped_at_threshold}` (its only variant);
 - `group_metrics`: `rewards/pass@1`, `rewards/pass@{n}`, `rewards/mean@1`, `rewards/mean@{n}`,
   `rewards/best@{n}` and `rewards/zero_variance_group_frac` over each prompt's n samples;
-- `forking_metrics`: `rollout/forking_kept_token_frac` and `rollout/forking_entropy_threshold`.
+- `forking_metrics`: `rollout/forking_kept_token_frac` and `rollout/forking_entropy_threshold`;
+- `routing_metrics`: `rollout/routing_mismatch_frac` (and per MoE layer), the share of input
+  positions whose experts the trainer would choose otherwise than the rollout did.
 
 Formulas follow the originals: verl's `compute_offpolicy_metrics`, `compute_is_metrics`,
 `compute_rs_metrics` (verl 518bada21, `verl/trainer/ppo/rollout_corr_helper.py`) and
@@ -73,6 +75,17 @@ def _pearson(x: np.ndarray, y: np.ndarray) -> float:
     dx, dy = x - x.mean(), y - y.mean()
     denominator = np.sqrt((dx * dx).mean() * (dy * dy).mean())
     return float((dx * dy).mean() / denominator) if denominator > 0 else 0.0
+
+
+def routing_metrics(mismatch_frac: Float[np.ndarray, " layers"]) -> Metrics:
+    """`rollout/routing_mismatch_frac`: the share of a batch's input positions whose experts
+    the trainer, routing itself, chooses otherwise than the rollout did, over all MoE layers
+    and per layer (`.../layer_i`); `routing_replay.mismatch_frac` computes the shares."""
+    frac = np.asarray(mismatch_frac, np.float64)
+    metrics: Metrics = {"rollout/routing_mismatch_frac": (float(frac.mean()), np.mean)}
+    for i, value in enumerate(frac):
+        metrics[f"rollout/routing_mismatch_frac/layer_{i}"] = (float(value), np.mean)
+    return metrics
 
 
 def mismatch_metrics(

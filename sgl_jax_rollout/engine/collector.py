@@ -15,7 +15,8 @@ retraction) and `end_step`. Tokens of a finished request are `output_ids_through
 its values are cut to the same length: one value per returned token, stop token included.
 
 No sgl_jax import: the hooks read only `rid`, `output_ids`, `output_ids_through_stop`,
-`finished()` and `finished_reason` of the request objects.
+`finished()`, `finished_reason`, `origin_input_ids` and `routed_experts` of the request
+objects.
 """
 
 from __future__ import annotations
@@ -52,6 +53,10 @@ class Completion:
     top_logprobs: list[list[float]] | None
     finish_reason: Any
     error: str | None = None
+    # With `EngineSettings.return_routed_experts`: the experts each MoE layer routed each
+    # input position to, `[prompt + len(tokens) - 1, layers, top_k]` (the last token is never
+    # an input), as upstream collects them when the request finishes.
+    routed_experts: np.ndarray | None = None
 
 
 @dataclasses.dataclass
@@ -197,9 +202,20 @@ class Collector:
             top_logprobs=rec.top_values[:n] if rec.top_values else None,
             finish_reason=_finish_reason(req),
             error=error,
+            routed_experts=_routed_experts(req, n),
         )
         self._records.pop(req.rid, None)
         self._specs.pop(req.rid, None)
+
+
+def _routed_experts(req: Any, tokens: int) -> np.ndarray | None:
+    """Upstream's routed experts of a finished request (`Req.routed_experts`, `[seqlen - 1,
+    layers, top_k]`, set before the output is streamed: `maybe_collect_routed_experts`), cut
+    to the input positions of the tokens returned."""
+    routed = getattr(req, "routed_experts", None)
+    if routed is None:
+        return None
+    return np.asarray(routed, np.int32)[: len(req.origin_input_ids) + tokens - 1]
 
 
 def _finish_reason(req: Any) -> Any:

@@ -40,6 +40,7 @@ from sgl_jax_rollout.engine.lora import LoraLayout, engine_lora_args
 from sgl_jax_rollout.engine.rope_scaling import check_rope_scaling
 from sgl_jax_rollout.engine.rows import RequestSpec, extra_sampler_configs
 from sgl_jax_rollout.engine.settings import (
+    EXPERT_COUNT_KEYS,
     EngineSettings,
     language_config,
     window_kv_differs,
@@ -87,6 +88,12 @@ class RolloutEngine:
                 f"page_size must be 1 on CPU, got {settings.page_size}: at the pinned sgl-jax "
                 "commit a larger page gives wrong logits to every request but the first of a "
                 "batch on the CPU attention backends"
+            )
+        experts = language_config(model_config)
+        if settings.return_routed_experts and not any(map(experts.get, EXPERT_COUNT_KEYS)):
+            raise ValueError(
+                "return_routed_experts needs a mixture-of-experts model: config.json has none of "
+                f"{list(EXPERT_COUNT_KEYS)} (this model is dense)"
             )
         settings = _on_devices(settings, jax.devices())
         from transformers import AutoTokenizer
@@ -208,7 +215,12 @@ class RolloutEngine:
             try:
                 for rid, spec in zip(rids, specs, strict=True):
                     self.collector.register(rid, spec)
-                outputs = self._submit(input_ids=input_ids, sampling_params=params, rid=rids)
+                outputs = self._submit(
+                    input_ids=input_ids,
+                    sampling_params=params,
+                    rid=rids,
+                    return_routed_experts=self.settings.return_routed_experts,
+                )
                 completions = [self.collector.take(rid) for rid in rids]
             except BaseException:
                 self._abort(rids)

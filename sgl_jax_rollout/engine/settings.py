@@ -47,6 +47,10 @@ class EngineSettings:
     (`sampling.vocab_parallel`); False gathers the logits to every device first and runs it
     whole there, as sgl-jax's own sampler does (same results, an all-gather of `[batch,
     vocab]` per step).
+    `return_routed_experts` (MoE models only, default False): every completion also carries
+    the experts each MoE layer routed each of its tokens (and its prompt's) to, for routing
+    replay in the trainer (sgl-jax's `enable_return_routed_experts` capturer; its cost is a
+    column of `bench rollout`).
     """
 
     dtype: str = "auto"
@@ -70,6 +74,7 @@ class EngineSettings:
     sampler_modes: tuple[dict[str, Any], ...] = ()
     overlap_schedule: bool = True
     vocab_parallel_sampler: bool = True
+    return_routed_experts: bool = False
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -139,6 +144,14 @@ class EngineSettings:
             raise ValueError(
                 f"vocab_parallel_sampler must be True or False, got {self.vocab_parallel_sampler!r}"
             )
+        if not isinstance(self.return_routed_experts, bool):
+            raise ValueError(
+                f"return_routed_experts must be True or False, got {self.return_routed_experts!r}"
+            )
+        if "enable_return_routed_experts" in self.extra:
+            raise ValueError(
+                "extra must not set enable_return_routed_experts: use return_routed_experts"
+            )
         if not isinstance(self.overlap_schedule, bool):
             raise ValueError(
                 f"overlap_schedule must be True or False, got {self.overlap_schedule!r}"
@@ -179,6 +192,7 @@ class EngineSettings:
             "random_seed": self.random_seed,
             "log_level": self.log_level,
             "disable_overlap_schedule": not self.overlap_schedule,
+            "enable_return_routed_experts": self.return_routed_experts,
         }
         if (device == "cpu" or self.attention_backend == "native") and not window_kv_differs:
             # sgl-jax's CPU attention writes the KV cache through `set_kv_buffer_legacy`
@@ -243,6 +257,11 @@ def window_kv_differs(model_config: dict[str, Any]) -> bool:
     return text.get("global_head_dim", head_dim) != head_dim or (
         text.get("num_global_key_value_heads", heads) != heads
     )
+
+
+# config.json keys of a MoE's expert count (sgl-jax's `_TOTAL_EXPERT_FIELDS`,
+# `layers/routed_experts_capturer.py`).
+EXPERT_COUNT_KEYS = ("num_experts", "n_routed_experts", "num_local_experts")
 
 
 def language_config(model_config: dict[str, Any]) -> dict[str, Any]:

@@ -174,8 +174,9 @@ ATTRIBUTES: dict[str, tuple[str, ...]] = {
     "BatchTokenIDOut": ("rids", "finished_reasons", "decode_ids"),
     "Req": (
         *("rid", "origin_input_ids", "output_ids", "output_ids_through_stop", "req_pool_idx"),
-        *("sampling_params", "finished_reason", "to_finish"),
+        *("sampling_params", "finished_reason", "to_finish", "routed_experts"),
     ),
+    "GenerateReqInput": ("return_routed_experts",),
     "ScheduleBatch": ("reqs_info", "per_dp_bs_size", "forward_mode"),
     "ScheduleReqsInfo": ("reqs", "batch_is_full"),
     "ModelWorkerBatch": ("sampling_info", "return_logprob", "return_output_logprob_only"),

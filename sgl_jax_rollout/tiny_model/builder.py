@@ -513,16 +513,19 @@ def _random_weights(
 
 
 def _experts(prefix: str, hidden: int, normal) -> dict[str, np.ndarray]:
-    """A Qwen3-MoE block's tensors: the router (`gate`, `[experts, hidden]`; router logits of
-    std ~1, so a token's top experts are neither ties nor foregone) and each expert's SwiGLU
-    MLP, HF's names and `[out, in]` layout."""
+    """A Qwen3-MoE block's tensors: the router (`gate`, `[experts, hidden]`) and each expert's
+    SwiGLU MLP, HF's names and `[out, in]` layout. Router logits have a std of ~0.2, flat as a
+    load-balanced router's are, so a token's second and third experts are often close; the
+    experts' outputs are three times an MLP's, so which expert serves a token matters: the
+    replica shows what a flipped expert does (bfloat16, routing replay) while float32 sides
+    still agree on every choice."""
     f = MOE_INTERMEDIATE
-    tensors = {prefix + "gate.weight": normal(MOE_EXPERTS, hidden, std=hidden**-0.5)}
+    tensors = {prefix + "gate.weight": normal(MOE_EXPERTS, hidden, std=0.2 * hidden**-0.5)}
     for e in range(MOE_EXPERTS):
         q = f"{prefix}experts.{e}."
         tensors[q + "gate_proj.weight"] = normal(f, hidden, std=hidden**-0.5)
         tensors[q + "up_proj.weight"] = normal(f, hidden, std=hidden**-0.5)
-        tensors[q + "down_proj.weight"] = normal(hidden, f, std=f**-0.5)
+        tensors[q + "down_proj.weight"] = normal(hidden, f, std=3.0 * f**-0.5)
     return tensors
 
 

@@ -27,6 +27,8 @@ from sgl_jax_rollout.engine.settings import FORCED, EngineSettings
         (dict(overlap_schedule=None), "overlap_schedule must be True or False"),
         (dict(overlap_schedule=1), "overlap_schedule must be True or False"),
         (dict(vocab_parallel_sampler=None), "vocab_parallel_sampler must be True or False"),
+        (dict(return_routed_experts=1), "return_routed_experts must be True or False"),
+        (dict(extra={"enable_return_routed_experts": True}), "use return_routed_experts"),
         (dict(max_prefill_tokens=10), "max_prefill_tokens"),
         (dict(sampler_modes={"entropy_top_k": 8}), "sampler_modes must be a list"),
         (dict(sampler_modes=[{"entropy_topk": 8}]), r"sampler_modes\[0\] has unknown"),
@@ -50,6 +52,9 @@ def test_server_args_force_single_process_and_overlap_follows_its_setting():
         off = EngineSettings(overlap_schedule=False).server_args("/m", device)
         assert off["disable_overlap_schedule"] is True
     assert args["model_path"] == "/m" and args["device"] == "cpu"
+    assert args["enable_return_routed_experts"] is False  # off unless asked (MoE replay)
+    routed = EngineSettings(return_routed_experts=True).server_args("/m", "cpu")
+    assert routed["enable_return_routed_experts"] is True
     assert args["attention_backend"] == "native"
 
 

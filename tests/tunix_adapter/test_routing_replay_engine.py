@@ -1,0 +1,146 @@
+"""Routing replay end to end on the float32 Qwen3-MoE replica (engine-marked; one engine at a
+time, each shut down before the session rollout starts (tests/conftest.py)):
+
+- the engine's routed experts, per completion and per prompt, are the experts tunix's trainer
+  chooses itself on the same tokens (float32: no flip), on every position: the alignment;
+- a GRPO run with `routing_replay` trains, keeps rollout and trainer logprobs within 1e-4, logs
+  a routing mismatch of 0 and hands the loss the rollout's experts; the loss provably uses
+  them: the same example with other experts gives another loss.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from tests.tunix_adapter.training_helpers import changed, engine_config, train_and_capture
+
+pytestmark = pytest.mark.engine
+
+
+@pytest.fixture(scope="module")
+def moe_dir(tmp_path_factory):
+    from sgl_jax_rollout.tiny_model import make_tiny_model
+
+    return make_tiny_model(
+        tmp_path_factory.mktemp("moe") / "moe", like="qwen3-30b-a3b", dtype="float32"
+    )
+
+
+def test_grpo_with_routing_replay_uses_the_rollouts_experts(moe_dir):
+    import jax.numpy as jnp
+
+    cfg = engine_config(moe_dir, steps=2, routing_replay=True)
+    history, examples, before, after, cluster = train_and_capture(cfg)
+    assert len(history) == len(examples) == 2
+    assert changed(before, after)
+    for row in history:
+        assert row["logp_diff_max"] < 1e-4, row
+        # the trainer, routing itself under the weights that sampled, chose the rollout's
+        # experts on every input position (computed by the learner at each step)
+        assert row["rollout/routing_mismatch_frac"] == 0.0, row
+    example = examples[-1]
+    routed = np.asarray(example.routed_experts)
+    prompts, completions = np.asarray(example.prompt_ids), np.asarray(example.completion_ids)
+    assert routed.shape == (len(prompts), prompts.shape[1] + completions.shape[1], 2, 2)
+    pad = cluster.rollout.pad_id()
+    # -1 exactly at the pads and at each completion's last token (never an input)
+    missing = np.concatenate([prompts, completions], axis=1) == pad
+    last = prompts.shape[1] + (completions != pad).sum(axis=1) - 1
+    missing[np.arange(len(last)), last] = True
+    np.testing.assert_array_equal(routed[..., 0, 0] < 0, missing)
+    assert np.all((routed[~missing] >= 0) & (routed[~missing] < 8))
+
+    # the loss reads the example's experts: the same example with others gives another loss
+    model = cluster.actor_trainer.model
+    loss_fn = cluster.actor_trainer.loss_fn
+    algo = cluster.actor_trainer.gen_model_input_fn(example)["algo_config"]
+    shifted = jnp.where(jnp.asarray(routed) >= 0, (jnp.asarray(routed) + 1) % 8, -1)
+    loss, _ = loss_fn(model, example, algo)
+    other, _ = loss_fn(model, dataclasses.replace(example, routed_experts=shifted), algo)
+    assert abs(float(other) - float(loss)) > 1e-4, (float(loss), float(other))
+    again, _ = loss_fn(model, example, algo)
+    assert float(again) == pytest.approx(float(loss), abs=1e-6)  # the slots were emptied
+
+
+def test_routing_is_returned_per_token_and_per_prompt_and_a_cached_prompt_keeps_its_own(moe_dir):
+    """Each completion's routing has one row per token (the last -1), each prompt's one per
+    prompt token; a prompt served again from the prefix cache returns the routing it was
+    computed with, and the float32 trainer routes every position as the rollout did."""
+    import jax.numpy as jnp
+
+    from sgl_jax_rollout.rollout import SglangJaxRollout
+    from sgl_jax_rollout.rollout_inputs import right_pad_ids
+    from sgl_jax_rollout.tunix_compat import RolloutConfig
+    from tests.conftest import TEST_SETTINGS
+    from tunix_adapter import routing_replay
+    from tunix_adapter.models import load_tunix_model
+
+    rollout = SglangJaxRollout(
+        model_path=moe_dir, engine_settings=dict(TEST_SETTINGS, return_routed_experts=True)
+    )
+    try:
+        prompts = ["the cat sat on the mat " * 6, "a dog", "why is the sky blue? " * 3]
+
+        def sample(seed: int):
+            config = RolloutConfig(
+                max_tokens_to_generate=12,
+                max_prompt_length=128,
+                temperature=1.0,
+                top_p=1.0,
+                top_k=None,
+                seed=seed,
+                return_logprobs=True,
+            )
+            return rollout.generate(prompts, config)
+
+        first, second = sample(0), sample(1)
+        pad = rollout.pad_id()
+        for out in (first, second):
+            for tokens, routed, prompt_routed, padded in zip(
+                out.tokens,
+                out.routed_experts,
+                out.prompt_routed_experts,
+                out.left_padded_prompt_tokens,
+                strict=True,
+            ):
+                assert routed.shape == (len(tokens), 2, 2) and routed.dtype == np.int32
+                assert (routed[-1] == -1).all() and (routed[:-1] >= 0).all()
+                assert prompt_routed.shape == (int((np.asarray(padded) != pad).sum()), 2, 2)
+        for a, b in zip(first.prompt_routed_experts, second.prompt_routed_experts, strict=True):
+            np.testing.assert_array_equal(a, b)
+
+        trainer = load_tunix_model(moe_dir)
+        routing_replay.enable(trainer)
+        prompt_ids = np.asarray(second.left_padded_prompt_tokens)
+        completions = right_pad_ids(second.tokens, 12, pad)
+        routing = routing_replay.input_routing(second, prompt_ids.shape[1], 12)
+        _, own = routing_replay.routing_and_logps(
+            trainer,
+            jnp.asarray(prompt_ids),
+            jnp.asarray(completions),
+            None,
+            pad_id=pad,
+            eos_id=rollout.eos_id(),
+            temperature=1.0,
+        )
+        positions = routing[..., 0, 0] >= 0
+        assert positions.sum() > 100
+        mismatch = routing_replay.mismatch_frac(routing, np.asarray(own), positions)
+        assert mismatch.tolist() == [0.0, 0.0]
+    finally:
+        rollout.shutdown()
+
+
+def test_a_dense_model_refuses_routed_experts_before_the_engine_starts(tiny_dir):
+    from sgl_jax_rollout.engine import patches
+    from sgl_jax_rollout.rollout import SglangJaxRollout
+    from tests.conftest import TEST_SETTINGS
+
+    with pytest.raises(ValueError, match="return_routed_experts needs a mixture-of-experts"):
+        SglangJaxRollout(
+            model_path=tiny_dir, engine_settings=dict(TEST_SETTINGS, return_routed_experts=True)
+        )
+    assert patches.current() is None
