@@ -172,4 +172,16 @@ class RequestPolicy:
         seeds = self.seeds(rollout_config.seed, 1, n)
         options = options.replace(return_logprobs=True, return_entropy=True)
         completions, _ = self.sample([prompt_ids] * n, seeds, options, rollout_config)
-        return [Sampled(c.tokens, c.logprobs, c.entropy, str(c.finish_reason)) for c in completions]
+        return [
+            Sampled(c.tokens, c.logprobs, c.entropy, str(c.finish_reason), _sequence_routing(c))
+            for c in completions
+        ]
+
+
+def _sequence_routing(completion: Any) -> np.ndarray | None:
+    """A completion's routed experts over its whole sequence (prompt, then tokens), the last
+    token's row -1 (never an input); None where the engine returns none."""
+    routed = completion.routed_experts
+    if routed is None:
+        return None
+    return np.concatenate([routed, np.full((1, *routed.shape[1:]), -1, np.int32)])

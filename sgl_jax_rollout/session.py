@@ -1,4 +1,5 @@
-"""Managed multi-turn sessions: tokens, masks, logprobs and entropy that stay aligned.
+"""Managed multi-turn sessions: tokens, masks, logprobs and entropy (and a MoE's routed
+experts) that stay aligned.
 
 Owns `Session` and `Node`. A session tracks sequences as nodes; a request whose prompt
 begins with a node's tokens (or, for text, with the node's `full_text`) extends that node:
@@ -49,12 +50,15 @@ logger = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True)
 class Sampled:
-    """One completion of the engine: tokens with one logprob and one entropy each."""
+    """One completion of the engine: tokens with one logprob and one entropy each; with a MoE
+    served with `return_routed_experts`, the experts of the whole sequence, prompt then
+    tokens (`[len(prompt) + len(tokens), layers, top_k]`, the last row -1)."""
 
     tokens: list[int]
     logprobs: list[float]
     entropy: list[float]
     finish_reason: str
+    routed_experts: Any = None
 
     def __post_init__(self) -> None:
         if not len(self.tokens) == len(self.logprobs) == len(self.entropy):
@@ -74,6 +78,9 @@ class Node:
     entropy: list[float]
     full_text: str
     metadata: dict[str, Any]
+    # a MoE served with `return_routed_experts`: each token's experts `[len(tokens), layers,
+    # top_k]` (the last token's row -1: it was never an input)
+    routed_experts: Any = None
 
     def assistant_mask(self) -> list[bool]:
         return [t != MASK_ID for t in self.masked_tokens]
@@ -196,6 +203,7 @@ class Session:
                 "assistant_mask": node.assistant_mask(),
                 "logprobs": list(node.logprobs),
                 "entropy": list(node.entropy),
+                **({} if node.routed_experts is None else {"routed_experts": node.routed_experts}),
             }
             for node in (self._nodes[k] for k in self._leaves)
         ]
@@ -355,6 +363,7 @@ class Session:
                 "turns": base.metadata["turns"] + [(start, start + len(s.tokens))],
                 "finish_reasons": base.metadata["finish_reasons"] + [s.finish_reason],
             },
+            routed_experts=s.routed_experts,  # the whole sequence's, from this turn's request
         )
         node.full_text = self._tokenizer.decode(node.tokens, skip_special_tokens=False)
         self._nodes[key] = node

@@ -68,7 +68,8 @@ def test_grpo_with_routing_replay_uses_the_rollouts_experts(moe_dir):
 def test_routing_is_returned_per_token_and_per_prompt_and_a_cached_prompt_keeps_its_own(moe_dir):
     """Each completion's routing has one row per token (the last -1), each prompt's one per
     prompt token; a prompt served again from the prefix cache returns the routing it was
-    computed with, and the float32 trainer routes every position as the rollout did."""
+    computed with, the float32 trainer routes every position as the rollout did, and a
+    session's turns keep the routing aligned with their tokens."""
     import jax.numpy as jnp
 
     from sgl_jax_rollout.rollout import SglangJaxRollout
@@ -130,6 +131,21 @@ def test_routing_is_returned_per_token_and_per_prompt_and_a_cached_prompt_keeps_
         assert positions.sum() > 100
         mismatch = routing_replay.mismatch_frac(routing, np.asarray(own), positions)
         assert mismatch.tolist() == [0.0, 0.0]
+
+        # a session's nodes carry the whole conversation's routing, aligned with its tokens;
+        # the second turn keeps the first turn's rows and routes its last token
+        config = RolloutConfig(max_tokens_to_generate=8, temperature=1.0, top_p=1.0, seed=3)
+        with rollout.session(rollout_config=config) as session:
+            (first,) = session.chat([{"role": "user", "content": "tell me a story"}])
+            (turn,) = session.chat_extend(first, [{"role": "user", "content": "again"}])
+            for node in (first, turn):
+                assert node.routed_experts.shape == (len(node.tokens), 2, 2)
+                assert (node.routed_experts[-1] == -1).all()
+                assert (node.routed_experts[:-1] >= 0).all()
+            earlier = len(first.tokens) - 1
+            np.testing.assert_array_equal(turn.routed_experts[:earlier], first.routed_experts[:-1])
+            (trajectory,) = session.trajectories()
+            assert trajectory["routed_experts"] is turn.routed_experts
     finally:
         rollout.shutdown()
 
