@@ -49,8 +49,8 @@ class EngineSettings:
     vocab]` per step).
     `return_routed_experts` (MoE models only, default False): every completion also carries
     the experts each MoE layer routed each of its tokens (and its prompt's) to, for routing
-    replay in the trainer (sgl-jax's `enable_return_routed_experts` capturer; its cost is a
-    column of `bench rollout`).
+    replay in the trainer (sgl-jax's `enable_return_routed_experts` capturer; its cost:
+    `bench replay`).
     """
 
     dtype: str = "auto"

@@ -5,8 +5,8 @@ Owns `install` for `llama3_rope_scaling`, `attention_head_dim_unpadded`,
 `attention_logit_cap`, `native_attention_per_rank` and `swa_pool_native_attention` (one wrapper
 of the CPU attention), `swa_mapping_copied`, `swa_mapping_not_static`, `cache_loc_copied`,
 `scheduler_faulthandler`, `sampler_key_typed`, `lora_text_config` and `lora_buffers_per_layer`;
-`unpadded_heads`, the head cut the attention
-fix applies, and `window_slots`, the slot translation of the sliding-window pool.
+`unpadded_heads`, the head cut the attention fix applies, and `window_slots`, the slot
+translation of the sliding-window pool.
 """
 
 from __future__ import annotations
