@@ -183,6 +183,11 @@ class RolloutGRPOLearner(GRPOLearner):
     def _replay_in_loss(self) -> None:
         """Wraps tunix's loss (set by `GRPOLearner.__init__`) so that its forward routes with
         the example's `routed_experts` (`routing_replay.replaying`, inside the trace)."""
+        if jax.process_count() > 1:
+            raise ValueError(
+                "routing_replay runs in one JAX process: its trainer scoring does not yet gather "
+                f"every host's rows (this run has {jax.process_count()} processes)"
+            )
         trainer = self.rl_cluster.actor_trainer
         routing_replay.enable(trainer.model)
         loss_fn = trainer.loss_fn
