@@ -278,11 +278,9 @@ class RolloutGRPOLearner(GRPOLearner):
         """The last rollout's routed experts in the trainer's input layout, None where the
         rollout returned none (a dense model); ValueError under `routing_replay` then."""
         out = self.rl_cluster.batch_rollout
-        if getattr(out, "routed_experts", None) is None:
-            if self.algo_config.routing_replay:
-                routing_replay.input_routing(out, prompt_width, width)  # raises, naming why
+        if getattr(out, "routed_experts", None) is None and not self.algo_config.routing_replay:
             return None
-        return routing_replay.input_routing(out, prompt_width, width)
+        return routing_replay.input_routing(out, prompt_width, width)  # raises without them
 
     def _routing_metrics(self, prompt_ids, completion_ids) -> metrics.Metrics:
         """`rollout/routing_mismatch_frac` (overall and per layer): the share of the batch's

@@ -179,7 +179,7 @@ def input_routing(
     """A rollout output's routed experts (`RolloutOutputWithEntropy.prompt_routed_experts`,
     `.routed_experts`) in the layout of the trainer's input: prompts left-padded to
     `prompt_width`, completions right-padded to `completion_width`, -1 at every pad."""
-    if out.routed_experts is None:
+    if getattr(out, "routed_experts", None) is None:  # tunix's own outputs lack the field
         raise ValueError(
             "routing replay needs the rollout's routed experts: serve the MoE with "
             "EngineSettings(return_routed_experts=True)"
