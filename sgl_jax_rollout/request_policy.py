@@ -146,8 +146,12 @@ class RequestPolicy:
         seeds: list[int],
         options: SamplingOptions,
         rollout_config: Any,
+        groups: list[int] | None = None,
+        need_groups: int | None = None,
     ) -> tuple[list[Any], list[int]]:
-        """One completion per row (row r sampled with seeds[r]); also the held-back stop ids."""
+        """One completion per row (row r sampled with seeds[r]); also the held-back stop ids.
+        With `groups` / `need_groups`, rows of the groups not needed are None (early stop:
+        `RolloutEngine.generate`)."""
         stop_ids, hold_back = self.stop_rules(options, rollout_config)
         single = options.replace(n=1)
         specs = [RequestSpec(single.replace(seed=s), stop_ids=tuple(hold_back)) for s in seeds]
@@ -158,6 +162,8 @@ class RequestPolicy:
             stop=[options.stop] * len(rows),
             stop_token_ids=[stop_ids] * len(rows),
             ignore_eos=[options.ignore_eos] * len(rows),
+            groups=groups,
+            need_groups=need_groups,
         )
         return completions, hold_back
 

@@ -121,15 +121,44 @@ class SglangJaxRollout(BaseRollout):
         self, prompts: list[str], rollout_config: RolloutConfig, **kwargs: Any
     ) -> RolloutOutputWithEntropy:
         """Samples completions; `kwargs` override any `SamplingOptions` field for this call."""
+        return self._generate(prompts, rollout_config, None, kwargs)[0]
+
+    def generate_groups(
+        self, prompts: list[str], rollout_config: RolloutConfig, groups_needed: int, **kwargs: Any
+    ) -> tuple[RolloutOutputWithEntropy, list[int]]:
+        """Over-sampling with early stop: samples `n` completions of every prompt (a group)
+        and returns as soon as `groups_needed` groups have all their samples finished; every
+        other sample is aborted (its KV freed, nothing of it returned). slime's
+        `--over-sampling-batch-size` is `len(prompts)`, its `--rollout-batch-size`
+        `groups_needed`. Returns the kept groups' output (prompt order, a group's samples
+        adjacent, as `generate` lays them out) and the kept prompts' indices into `prompts`.
+
+        Early stop favours the groups that finish first, so short completions: the bias every
+        over-sampling stack accepts for the wait it saves."""
+        return self._generate(prompts, rollout_config, groups_needed, kwargs)
+
+    def _generate(
+        self,
+        prompts: list[str],
+        rollout_config: RolloutConfig,
+        groups_needed: int | None,
+        kwargs: dict[str, Any],
+    ) -> tuple[RolloutOutputWithEntropy, list[int]]:
         prompts = inputs.prompt_list(prompts)
         options, _, max_prompt = self._policy.call(rollout_config, kwargs)
         seeds = self._policy.seeds(rollout_config.seed, len(prompts), options.n)
         prompt_ids = self.prompt_token_ids(prompts, max_prompt)
         self._policy.refuse_pad(prompt_ids)
         rows = [ids for ids in prompt_ids for _ in range(options.n)]
-        completions, hold_back = self._policy.sample(rows, seeds, options, rollout_config)
+        groups = None if groups_needed is None else [i // options.n for i in range(len(rows))]
+        completions, hold_back = self._policy.sample(
+            rows, seeds, options, rollout_config, groups, groups_needed
+        )
+        kept = sorted({i // options.n for i, c in enumerate(completions) if c is not None})
+        rows = [r for r, c in zip(rows, completions, strict=True) if c is not None]
+        completions = [c for c in completions if c is not None]
         stops = set(hold_back)
-        return RolloutOutputWithEntropy(
+        output = RolloutOutputWithEntropy(
             text=[
                 self._tokenizer.decode([t for t in c.tokens if t not in stops]) for c in completions
             ],
@@ -140,6 +169,7 @@ class SglangJaxRollout(BaseRollout):
             entropy=_per_row(completions, "entropy") if options.return_entropy else None,
             **_routing(completions, [len(r) for r in rows]),
         )
+        return output, kept
 
     def prompt_token_ids(self, prompts: list[str], max_prompt_length: int) -> list[list[int]]:
         """The ids `generate` sends for each prompt: one BOS where the tokenizer has one, cut

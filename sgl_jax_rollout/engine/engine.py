@@ -53,6 +53,22 @@ DETOKENIZER_THREAD_PREFIX = "sglang-jax::detokenizer"
 STOP_TIMEOUT_S = 30.0
 
 
+@dataclasses.dataclass
+class PrefillCounts:
+    """Prefill work of `generate` calls over the engine's life: `sent`, the prompt tokens of
+    their requests; `computed`, the prefill tokens the engine computed for them (upstream's
+    per-request `prompt_tokens - cached_tokens`, shared group prefills included)."""
+
+    sent: int = 0
+    computed: int = 0
+
+    def add(self, outputs: Sequence[dict], sent: int) -> None:
+        self.sent += sent
+        for out in outputs:
+            meta = out["meta_info"]
+            self.computed += int(meta.get("prompt_tokens", 0)) - int(meta.get("cached_tokens", 0))
+
+
 class RolloutEngine:
     def __init__(
         self,
@@ -106,6 +122,7 @@ class RolloutEngine:
         self.vocab_size = vocab
         valid = len(self.tokenizer) if len(self.tokenizer) < vocab else None
         self.collector = Collector()
+        self.prefill_counts = PrefillCounts()
         self._hooks = patches.EngineHooks(
             collector=self.collector,
             valid_vocab_size=valid,
@@ -176,12 +193,19 @@ class RolloutEngine:
         self,
         prompts: Sequence[Sequence[int]],
         specs: Sequence[RequestSpec],
-        max_new_tokens: int,
+        max_new_tokens: int | Sequence[int],
         stop: Sequence[Sequence[str]] | None = None,
         stop_token_ids: Sequence[Sequence[int]] | None = None,
         ignore_eos: Sequence[bool] | None = None,
-    ) -> list[Completion]:
+        groups: Sequence[int] | None = None,
+        need_groups: int | None = None,
+    ) -> list[Completion | None]:
         """One completion per (prompt, spec), in order. Specs must share their output modes.
+        `max_new_tokens`: one limit for every row, or one per row.
+
+        With `groups` (a group id per row) and `need_groups`, the call returns as soon as that
+        many groups have every row finished: the rows of the other groups are aborted (their KV
+        freed, nothing of them kept) and come back as None.
 
         Raises RuntimeError naming the failure when any request of the call failed (a step
         of the engine raised, the call was aborted, the engine stopped); the engine keeps
@@ -195,13 +219,17 @@ class RolloutEngine:
         if len(modes) > 1:
             raise ValueError(f"one call must use one logprob / entropy mode, got {modes}")
         rows = len(prompts)
+        _check_groups(groups, need_groups, rows)
         input_ids = [self._checked_ids(p, f"prompt {i}") for i, p in enumerate(prompts)]
         stop = stop or [()] * rows
         stop_token_ids = stop_token_ids or [()] * rows
         ignore_eos = ignore_eos or [False] * rows
+        limits = [max_new_tokens] * rows if isinstance(max_new_tokens, int) else max_new_tokens
+        if len(limits) != rows:
+            raise ValueError(f"max_new_tokens has {len(limits)} entries for {rows} prompts")
         params = [
             {
-                "max_new_tokens": max_new_tokens,
+                "max_new_tokens": limits[i],
                 "stop": list(stop[i]) or None,
                 "stop_token_ids": list(stop_token_ids[i]) or None,
                 "ignore_eos": bool(ignore_eos[i]),
@@ -213,9 +241,15 @@ class RolloutEngine:
             self._check_serving("generate")
             self._abort_reason = None
             try:
+                self._share_prefill(input_ids)
                 for rid, spec in zip(rids, specs, strict=True):
                     self.collector.register(rid, spec)
+                early = None
+                if need_groups is not None:
+                    group_of = dict(zip(rids, groups, strict=True))
+                    early = self.collector.watch_groups(group_of, need_groups)
                 outputs = self._submit(
+                    early=early,
                     input_ids=input_ids,
                     sampling_params=params,
                     rid=rids,
@@ -226,15 +260,48 @@ class RolloutEngine:
                 self._abort(rids)
                 raise
             finally:
+                self.collector.unwatch()
                 self.collector.forget(rids)
+        self.prefill_counts.add(outputs, sum(map(len, input_ids)))
+        if early is not None:
+            kept = set(early.result())
+            keep = [g in kept for g in groups]
+            outputs = [o for o, k in zip(outputs, keep, strict=True) if k]
+            completions = [c if k else None for c, k in zip(completions, keep, strict=True)]
         failures = [
             problem
-            for out, done in zip(outputs, completions, strict=True)
+            for out, done in zip(outputs, filter(None, completions), strict=True)
             if (problem := self._failure(out, done)) is not None
         ]
         if failures:
             raise RuntimeError(_summary(failures, rows))
         return completions
+
+    def _share_prefill(self, input_ids: list[list[int]]) -> None:
+        """share_group_prefill: every prompt the call holds more than once is prefilled once,
+        in a prefill-only request of its own (`max_new_tokens` 0, as upstream's tokenizer
+        manager does for `parallel_sample_num`), so that its copies find its KV in the prefix
+        cache and compute only their last prompt token."""
+        if not self.settings.share_group_prefill or self.settings.disable_radix_cache:
+            return
+        seen: dict[tuple[int, ...], int] = {}
+        for ids in input_ids:
+            seen[tuple(ids)] = seen.get(tuple(ids), 0) + 1
+        repeated = [list(ids) for ids, count in seen.items() if count > 1]
+        if not repeated:
+            return
+        rids = [uuid.uuid4().hex for _ in repeated]
+        try:
+            outputs = self._submit(
+                input_ids=repeated, sampling_params=[{"max_new_tokens": 0}] * len(rids), rid=rids
+            )
+        except BaseException:
+            self._abort(rids)
+            raise
+        failures = [p for out in outputs if (p := self._aborted(out)) is not None]
+        if failures:
+            raise RuntimeError(_summary(failures, len(rids), "shared prompt prefills"))
+        self.prefill_counts.add(outputs, 0)
 
     def score(
         self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]
@@ -329,9 +396,11 @@ class RolloutEngine:
             return f"aborted: {self._abort_reason}"
         return message
 
-    def _submit(self, **fields: Any) -> list[dict]:
+    def _submit(self, early: concurrent.futures.Future | None = None, **fields: Any) -> list[dict]:
         """Sends one batch request; returns its outputs, or raises when the engine ends first
-        (shut down from another thread, or stopped by a fault)."""
+        (shut down from another thread, or stopped by a fault). When `early` is set first (a
+        `Collector.watch_groups` future), every request of the batch still running is aborted
+        and the outputs come back once upstream has ended them."""
         obj = upstream.get("GenerateReqInput")(**fields)
 
         async def run():
@@ -340,8 +409,12 @@ class RolloutEngine:
         # The scheduler starts the call's requests together (patches/scheduling.py, whole_calls).
         self._hooks.arrivals.expect(fields["rid"])
         future = asyncio.run_coroutine_threadsafe(run(), self._engine.loop)
+        waits = [future, self._hooks.ended, *([early] if early is not None else [])]
         try:
-            concurrent.futures.wait([future, self._hooks.ended], return_when=FIRST_COMPLETED)
+            concurrent.futures.wait(waits, return_when=FIRST_COMPLETED)
+            if early is not None and early.done() and not future.done():
+                self._abort([rid for rid in fields["rid"] if not self.collector.finished(rid)])
+                concurrent.futures.wait([future, self._hooks.ended], return_when=FIRST_COMPLETED)
             if not future.done():
                 raise RuntimeError(f"{self._hooks.ended.result()}; this call did not finish")
             out = future.result()
@@ -648,6 +721,20 @@ def reported_input_id(token: int, vocab_size: int) -> int:
     `schedule_batch.py:1277`), so the value is right and the check must expect the rewrite.
     """
     return token if token < vocab_size - 1 else 0
+
+
+def _check_groups(groups: Sequence[int] | None, need: int | None, rows: int) -> None:
+    """`generate`'s `groups` / `need_groups`: both or neither, one group per row, need in
+    [1, distinct groups]."""
+    if groups is None and need is None:
+        return
+    if groups is None or need is None:
+        raise ValueError("groups and need_groups go together: set both or neither")
+    if len(groups) != rows:
+        raise ValueError(f"groups has {len(groups)} entries for {rows} prompts: one per prompt")
+    distinct = len(set(groups))
+    if isinstance(need, bool) or not isinstance(need, int) or not 1 <= need <= distinct:
+        raise ValueError(f"need_groups must be an integer in [1, {distinct}], got {need!r}")
 
 
 def _vocab_parallel(settings: EngineSettings, vocab: int) -> bool:

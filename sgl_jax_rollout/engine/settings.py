@@ -16,6 +16,12 @@ from typing import Any
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ATTENTION_BACKENDS = ("fa", "native", "fa_mha")
+SWITCHES = (
+    "overlap_schedule",
+    "vocab_parallel_sampler",
+    "return_routed_experts",
+    "share_group_prefill",
+)
 FORCED = {
     "enable_single_process": True,
     # Mixed chunks put decode rows in extend batches: they would join their slot from output
@@ -51,6 +57,11 @@ class EngineSettings:
     the experts each MoE layer routed each of its tokens (and its prompt's) to, for routing
     replay in the trainer (sgl-jax's `enable_return_routed_experts` capturer; its cost:
     `bench replay`).
+    `share_group_prefill` (default True): when a call holds the same prompt more than once (a
+    group of n samples), each distinct prompt is prefilled once, in a prefill-only pass whose
+    KV the prefix cache then serves to every copy (sgl-jax's tokenizer manager does the same for
+    `parallel_sample_num`); each copy computes only its last prompt token. Needs the radix
+    cache (`disable_radix_cache=False`); counts in `RolloutEngine.prefill_counts`.
     """
 
     dtype: str = "auto"
@@ -75,6 +86,7 @@ class EngineSettings:
     overlap_schedule: bool = True
     vocab_parallel_sampler: bool = True
     return_routed_experts: bool = False
+    share_group_prefill: bool = True
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -140,21 +152,12 @@ class EngineSettings:
             raise ValueError(f"extra must not set {forced}: the rollout fixes them")
         if "disable_overlap_schedule" in self.extra:
             raise ValueError("extra must not set disable_overlap_schedule: use overlap_schedule")
-        if not isinstance(self.vocab_parallel_sampler, bool):
-            raise ValueError(
-                f"vocab_parallel_sampler must be True or False, got {self.vocab_parallel_sampler!r}"
-            )
-        if not isinstance(self.return_routed_experts, bool):
-            raise ValueError(
-                f"return_routed_experts must be True or False, got {self.return_routed_experts!r}"
-            )
+        for name in SWITCHES:
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if "enable_return_routed_experts" in self.extra:
             raise ValueError(
                 "extra must not set enable_return_routed_experts: use return_routed_experts"
-            )
-        if not isinstance(self.overlap_schedule, bool):
-            raise ValueError(
-                f"overlap_schedule must be True or False, got {self.overlap_schedule!r}"
             )
 
     def replace(self, **changes: Any) -> EngineSettings:

@@ -139,3 +139,37 @@ def test_registered_tells_our_requests_until_they_are_taken():
     assert c.registered(["a", "b", "x"]) == [True, True, False]
     c.take("b")
     assert c.registered(["a", "b"]) == [True, False]
+
+
+class Abort:
+    def to_json(self):
+        return {"type": "abort", "message": "Aborted"}
+
+
+def test_group_watch_resolves_with_the_first_groups_whose_every_request_finished():
+    """A group completes when its last request finishes; an aborted request keeps its group
+    from completing; the future holds the first `need` groups in completion order."""
+    c = Collector()
+    reqs = {rid: FakeReq(rid) for rid in ["a0", "a1", "b0", "b1", "c0", "c1"]}
+    for rid in reqs:
+        c.register(rid, spec())
+    future = c.watch_groups({rid: "abc".index(rid[0]) for rid in reqs}, need=2)
+
+    def finish(rid, reason=Reason):
+        req = reqs[rid]
+        req.finished_reason = reason()
+        step(c, [req], [7], [-0.5], [0.1])
+
+    finish("a0")
+    finish("b0", Abort)  # group 1 can no longer complete
+    finish("b1")
+    finish("c0")
+    assert not future.done()
+    assert c.finished("a0") and not c.finished("a1")
+    finish("c1")
+    assert not future.done()
+    finish("a1")
+    assert future.result(timeout=0) == [2, 0]
+    c.unwatch()
+    c.forget(reqs)
+    assert empty(c)

@@ -28,6 +28,7 @@ from sgl_jax_rollout.engine.settings import FORCED, EngineSettings
         (dict(overlap_schedule=1), "overlap_schedule must be True or False"),
         (dict(vocab_parallel_sampler=None), "vocab_parallel_sampler must be True or False"),
         (dict(return_routed_experts=1), "return_routed_experts must be True or False"),
+        (dict(share_group_prefill="yes"), "share_group_prefill must be True or False"),
         (dict(extra={"enable_return_routed_experts": True}), "use return_routed_experts"),
         (dict(max_prefill_tokens=10), "max_prefill_tokens"),
         (dict(sampler_modes={"entropy_top_k": 8}), "sampler_modes must be a list"),

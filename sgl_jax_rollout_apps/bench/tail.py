@@ -1,0 +1,217 @@
+"""`sgl-jax-rollout bench tail`: GRPO-shaped batches with long-tailed completion lengths.
+
+Owns `run`. Each batch is `groups` prompts of `PROMPT_TOKENS` tokens, `n` samples each; every
+sample's length is drawn from a log-normal (median `MEDIAN` of the limit, sigma `SIGMA`) capped
+at `max_tokens`, seeded per batch, and enforced as that sample's own `max_new_tokens` with EOS
+ignored, so every variant runs the same token counts. Variants, on one engine, each batch's
+prefix cache flushed before each variant:
+
+- `generate`: today's call without sharing (`share_group_prefill=False`);
+- `shared_prefill`: the same call, a group's prompt prefilled once;
+- `over_sample`: `ceil(groups * (1 + r))` groups submitted (the next prompts of the data, same
+  length law), the call returning once `groups` groups are complete and aborting the rest.
+
+Reported per variant: wall time per batch, groups per second, decode steps run, mean running
+batch per decode step, prefill tokens the engine computed (`RolloutEngine.prefill_counts`)
+per unique prompt token; `ratios` to `generate`. `ok`: over-sampling >= 1.3x `generate` in
+groups per second and shared prefill <= 1.1x the unique prompt tokens.
+
+`group_prefill` is point 1's measurement on its own: 16 prompts x n = 8 of 1,000 tokens, one
+new token each, prefill tokens computed per unique prompt token with sharing off and on.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SETTINGS = dict(
+    context_length=1100,
+    max_running_requests=64,
+    precompile_bs_paddings=(4, 16, 64),
+    precompile_token_paddings=(256, 1024, 4096),
+    max_prefill_tokens=4096,
+    max_total_tokens=24576,
+)
+PROMPT_TOKENS, MEDIAN, SIGMA = 64, 1 / 8, 1.0
+TARGET_SPEEDUP, TARGET_PREFILL = 1.3, 1.1
+PREFILL_SHAPE = (16, 8, 1000)  # prompts, n, prompt tokens
+
+
+def completion_lengths(rng: np.random.Generator, rows: int, limit: int) -> list[int]:
+    """Long-tailed lengths: log-normal with median `MEDIAN * limit`, capped to [1, limit]."""
+    raw = rng.lognormal(math.log(MEDIAN * limit), SIGMA, rows)
+    return np.clip(np.round(raw), 1, limit).astype(int).tolist()
+
+
+def run(
+    model_dir: str | Path | None = None,
+    groups: int = 8,
+    n: int = 4,
+    max_tokens: int = 256,
+    over_sample_rate: float = 0.25,
+    batches: int = 4,
+) -> dict[str, Any]:
+    from sgl_jax_rollout.rollout import SglangJaxRollout
+    from sgl_jax_rollout.tiny_model import default_model_dir
+
+    model_dir = Path(model_dir) if model_dir is not None else default_model_dir()
+    rollout = SglangJaxRollout(model_path=model_dir, engine_settings=SETTINGS)
+    try:
+        engine = rollout.engine
+        spy = _StepSpy(engine.model_runner)
+        submitted = math.ceil(groups * (1 + over_sample_rate))
+        plan = {
+            "generate": (False, groups, None),
+            "shared_prefill": (True, groups, None),
+            "over_sample": (True, submitted, groups),
+        }
+        totals = {name: _Totals() for name in plan}
+        for batch in range(-1, batches):  # batch -1 warms up (compiles), untimed
+            rows, specs, limits, unique = _batch(rollout, submitted, n, max_tokens, batch + 1)
+            for name, (share, count, need) in plan.items():
+                take = count * n
+                _flush(rollout, share)
+                spy.reset()
+                before = engine.prefill_counts.computed
+                started = time.perf_counter()
+                out = engine.generate(
+                    rows[:take],
+                    specs[:take],
+                    limits[:take],
+                    ignore_eos=[True] * take,
+                    groups=None if need is None else [i // n for i in range(take)],
+                    need_groups=need,
+                )
+                wall = time.perf_counter() - started
+                if sum(c is not None for c in out) != groups * n:
+                    raise RuntimeError(f"{name}: {groups} complete groups expected")
+                if batch >= 0:
+                    totals[name].add(
+                        wall, spy, engine.prefill_counts.computed - before, unique[:count]
+                    )
+        variants = {name: t.summary(groups, batches) for name, t in totals.items()}
+        base = variants["generate"]["groups_per_s"]
+        ratios = {
+            f"{name}_vs_generate": round(v["groups_per_s"] / base, 3)
+            for name, v in variants.items()
+            if name != "generate"
+        }
+        prefill = _group_prefill(rollout)
+        return {
+            "model": str(model_dir),
+            "engine_settings": SETTINGS,
+            "workload": {
+                "groups": groups,
+                "n": n,
+                "prompt_tokens": PROMPT_TOKENS,
+                "max_tokens": max_tokens,
+                "length_law": f"lognormal(median {MEDIAN} x max_tokens, sigma {SIGMA}), capped",
+                "over_sample_rate": over_sample_rate,
+                "groups_submitted_over_sampling": submitted,
+                "batches": batches,
+            },
+            "variants": variants,
+            "ratios": ratios,
+            "group_prefill": prefill,
+            "partial_rollout": "not built yet (issue 43 point 3)",
+            "ok": ratios["over_sample_vs_generate"] >= TARGET_SPEEDUP
+            and prefill["shared"]["per_unique_token"] <= TARGET_PREFILL,
+        }
+    finally:
+        rollout.shutdown()
+
+
+def _batch(rollout, groups: int, n: int, max_tokens: int, seed: int):
+    """Rows (a group's n copies adjacent), seeded specs, per-row lengths and each group's
+    unique prompt tokens, for batch `seed`."""
+    from sgl_jax_rollout.engine.rows import RequestSpec
+    from sgl_jax_rollout.sampling.options import SamplingOptions
+    from sgl_jax_rollout_apps.bench.workloads import prompts
+
+    rng = np.random.default_rng(seed)
+    texts = prompts(rollout.engine.tokenizer, groups, (PROMPT_TOKENS, PROMPT_TOKENS), seed)
+    ids = rollout.prompt_token_ids([f"{seed}.{g} {t}" for g, t in enumerate(texts)], 1024)
+    rows = [p for p in ids for _ in range(n)]
+    specs = [
+        RequestSpec(SamplingOptions(seed=seed * 10_000 + i, temperature=1.0))
+        for i in range(len(rows))
+    ]
+    return rows, specs, completion_lengths(rng, len(rows), max_tokens), [len(p) for p in ids]
+
+
+def _flush(rollout, share: bool) -> None:
+    """Empties the prefix cache (a weight update of the same weights) and sets sharing."""
+    engine = rollout.engine
+    engine.update_weights(engine.engine_state())
+    engine.settings = engine.settings.replace(share_group_prefill=share)
+
+
+class _StepSpy:
+    """Counts the model's forward steps: decode steps and the rows each one ran."""
+
+    def __init__(self, runner) -> None:
+        self.decode_rows: list[int] = []
+        forward = runner.forward
+
+        def counted(batch, *args, **kwargs):
+            if batch.forward_mode.is_decode():
+                self.decode_rows.append(int(np.sum(np.asarray(batch.seq_lens) > 0)))
+            return forward(batch, *args, **kwargs)
+
+        runner.forward = counted
+
+    def reset(self) -> None:
+        self.decode_rows = []
+
+
+class _Totals:
+    def __init__(self) -> None:
+        self.wall = 0.0
+        self.steps = 0
+        self.rows = 0
+        self.computed = 0
+        self.unique = 0
+
+    def add(self, wall: float, spy: _StepSpy, computed: int, unique: list[int]) -> None:
+        self.wall += wall
+        self.steps += len(spy.decode_rows)
+        self.rows += sum(spy.decode_rows)
+        self.computed += computed
+        self.unique += sum(unique)
+
+    def summary(self, groups: int, batches: int) -> dict[str, float]:
+        return {
+            "wall_s_per_batch": round(self.wall / batches, 3),
+            "groups_per_s": round(groups * batches / self.wall, 3),
+            "decode_steps_per_batch": self.steps / batches,
+            "mean_running_rows_per_decode_step": round(self.rows / max(self.steps, 1), 2),
+            "prefill_tokens_per_unique_prompt_token": round(self.computed / self.unique, 3),
+        }
+
+
+def _group_prefill(rollout) -> dict[str, Any]:
+    """Point 1's figure: prefill tokens computed for `PREFILL_SHAPE` with sharing off and on."""
+    from sgl_jax_rollout.engine.rows import RequestSpec
+    from sgl_jax_rollout.sampling.options import SamplingOptions
+    from sgl_jax_rollout_apps.bench.workloads import prompts
+
+    count, n, length = PREFILL_SHAPE
+    engine = rollout.engine
+    texts = prompts(engine.tokenizer, count, (length, length), seed=99)
+    ids = rollout.prompt_token_ids([f"{g} {t}" for g, t in enumerate(texts)], length)
+    rows = [p for p in ids for _ in range(n)]
+    specs = [RequestSpec(SamplingOptions(seed=i)) for i in range(len(rows))]
+    unique = sum(map(len, ids))
+    result: dict[str, Any] = {"prompts": count, "n": n, "unique_prompt_tokens": unique}
+    for name, share in (("not_shared", False), ("shared", True)):
+        _flush(rollout, share)
+        before = engine.prefill_counts.computed
+        engine.generate(rows, specs, 1)
+        computed = engine.prefill_counts.computed - before
+        result[name] = {"prefill_tokens": computed, "per_unique_token": round(computed / unique, 3)}
+    return result
