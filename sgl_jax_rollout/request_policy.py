@@ -148,22 +148,26 @@ class RequestPolicy:
         rollout_config: Any,
         groups: list[int] | None = None,
         need_groups: int | None = None,
+        limits: list[int] | None = None,
+        keep_partial: bool = False,
     ) -> tuple[list[Any], list[int]]:
         """One completion per row (row r sampled with seeds[r]); also the held-back stop ids.
-        With `groups` / `need_groups`, rows of the groups not needed are None (early stop:
-        `RolloutEngine.generate`)."""
+        With `groups` / `need_groups`, rows of the groups not needed are None, or with
+        `keep_partial` what they had sampled (early stop: `RolloutEngine.generate`).
+        `limits`: each row's max new tokens (default: the config's)."""
         stop_ids, hold_back = self.stop_rules(options, rollout_config)
         single = options.replace(n=1)
         specs = [RequestSpec(single.replace(seed=s), stop_ids=tuple(hold_back)) for s in seeds]
         completions = self._engine.generate(
             rows,
             specs,
-            max_new_tokens=rollout_config.max_tokens_to_generate,
+            max_new_tokens=limits or rollout_config.max_tokens_to_generate,
             stop=[options.stop] * len(rows),
             stop_token_ids=[stop_ids] * len(rows),
             ignore_eos=[options.ignore_eos] * len(rows),
             groups=groups,
             need_groups=need_groups,
+            keep_partial=keep_partial,
         )
         return completions, hold_back
 

@@ -24,6 +24,7 @@ from sgl_jax_rollout import rollout_inputs as inputs
 from sgl_jax_rollout.engine.lora import lora_layout, split_update
 from sgl_jax_rollout.engine.settings import EngineSettings
 from sgl_jax_rollout.pad_id import pad_safe
+from sgl_jax_rollout.partial import Group, Member, PausedGroups
 from sgl_jax_rollout.request_policy import RequestPolicy
 from sgl_jax_rollout.sampling.options import SamplingOptions
 from sgl_jax_rollout.tunix_compat import (
@@ -46,6 +47,9 @@ class RolloutOutputWithEntropy(RolloutOutput):
     entropy: list[np.ndarray] | None = None
     routed_experts: list[np.ndarray] | None = None
     prompt_routed_experts: list[np.ndarray] | None = None
+    # With partial rollouts: the policy version (`SglangJaxRollout.policy_version`) that
+    # sampled each token, `[len(tokens[i])]`; its logprob is under that version.
+    versions: list[np.ndarray] | None = None
 
 
 class SglangJaxRollout(BaseRollout):
@@ -64,6 +68,10 @@ class SglangJaxRollout(BaseRollout):
     top_p / top_k always win. With a `mesh`, the engine uses its devices. `pad_id` (default:
     chosen, `sgl_jax_rollout.pad_id`) is the id handed to tunix for padding: never one a prompt
     or completion holds, so never EOS (checkpoints that ship pad = EOS get another id, logged).
+    `partial_rollout` (slime `--partial-rollout`): `generate_groups` pauses the groups it does
+    not need instead of dropping them, and continues them at its next call, after the weight
+    update, first; `max_staleness` (default 1) drops a paused group whose oldest token is more
+    policy versions old than that.
     Policies (BOS, stop and pad ids, seeds, limits) live in `request_policy`; this class
     translates tunix's vocabulary and nothing else.
     """
@@ -83,6 +91,8 @@ class SglangJaxRollout(BaseRollout):
         lora_scaling: float | None = None,
         seed: int = 0,
         pad_id: int | None = None,
+        partial_rollout: bool = False,
+        max_staleness: int = 1,
     ) -> None:
         from sgl_jax_rollout.engine.engine import RolloutEngine
         from sgl_jax_rollout.tiny_model import default_model_dir
@@ -96,6 +106,10 @@ class SglangJaxRollout(BaseRollout):
         self._model_path = model_path
         self._actor = rollout_actor
         settings = _settings(engine_settings, mesh)
+        _check_partial(partial_rollout, max_staleness, settings)
+        self._partial_rollout, self._max_staleness = partial_rollout, max_staleness
+        self._paused = PausedGroups()
+        self.policy_version = 0  # + 1 at every update_params
         self._engine = RolloutEngine(model_path, settings, inputs.sampler_modes(defaults), lora)
         try:  # a failure from here on must not leave the engine running
             raw = tokenizer or self._engine.tokenizer
@@ -124,18 +138,41 @@ class SglangJaxRollout(BaseRollout):
         return self._generate(prompts, rollout_config, None, kwargs)[0]
 
     def generate_groups(
-        self, prompts: list[str], rollout_config: RolloutConfig, groups_needed: int, **kwargs: Any
-    ) -> tuple[RolloutOutputWithEntropy, list[int]]:
+        self,
+        prompts: list[str],
+        rollout_config: RolloutConfig,
+        groups_needed: int,
+        keys: list[Any] | None = None,
+        **kwargs: Any,
+    ) -> tuple[RolloutOutputWithEntropy, list[Any]]:
         """Over-sampling with early stop: samples `n` completions of every prompt (a group)
         and returns as soon as `groups_needed` groups have all their samples finished; every
         other sample is aborted (its KV freed, nothing of it returned). slime's
         `--over-sampling-batch-size` is `len(prompts)`, its `--rollout-batch-size`
         `groups_needed`. Returns the kept groups' output (prompt order, a group's samples
-        adjacent, as `generate` lays them out) and the kept prompts' indices into `prompts`.
+        adjacent, as `generate` lays them out) and the kept groups' keys: `keys[i]` names
+        `prompts[i]` (default: its index). With partial rollouts a kept group may come from an
+        earlier call, under the key that call gave it: give keys that tell calls apart.
 
         Early stop favours the groups that finish first, so short completions: the bias every
         over-sampling stack accepts for the wait it saves."""
-        return self._generate(prompts, rollout_config, groups_needed, kwargs)
+        keys = list(range(len(prompts))) if keys is None else list(keys)
+        if len(keys) != len(prompts):
+            raise ValueError(f"keys has {len(keys)} entries for {len(prompts)} prompts")
+        if self._partial_rollout:
+            return self._generate_partial(prompts, rollout_config, groups_needed, keys, kwargs)
+        output, kept = self._generate(prompts, rollout_config, groups_needed, kwargs)
+        return output, [keys[i] for i in kept]
+
+    @property
+    def paused_groups(self) -> int:
+        """Groups a partial rollout holds for its next call."""
+        return len(self._paused)
+
+    @property
+    def dropped_stale_groups(self) -> int:
+        """Paused groups dropped as older than `max_staleness` versions, so far."""
+        return self._paused.dropped
 
     def _generate(
         self,
@@ -170,6 +207,75 @@ class SglangJaxRollout(BaseRollout):
             **_routing(completions, [len(r) for r in rows]),
         )
         return output, kept
+
+    def _generate_partial(
+        self,
+        prompts: list[str],
+        rollout_config: RolloutConfig,
+        groups_needed: int,
+        keys: list[Any],
+        kwargs: dict[str, Any],
+    ) -> tuple[RolloutOutputWithEntropy, list[Any]]:
+        """`generate_groups` with partial rollouts: the paused groups (continued first) and
+        the new prompts' groups."""
+        prompts = inputs.prompt_list(prompts)
+        options, limit, max_prompt = self._policy.call(rollout_config, kwargs)
+        _check_partial_options(options)
+        seeds = self._policy.seeds(rollout_config.seed, len(prompts), options.n)
+        prompt_ids = self.prompt_token_ids(prompts, max_prompt)
+        self._policy.refuse_pad(prompt_ids)
+        groups = self._paused.resume(self.policy_version, self._max_staleness)
+        groups += [
+            Group(keys[i], ids, [Member(seeds[i * options.n + j]) for j in range(options.n)])
+            for i, ids in enumerate(prompt_ids)
+        ]
+        for member in (m for g in groups for m in g.members):
+            member.done = member.done or len(member.tokens) >= limit
+        ready = sum(g.complete for g in groups)
+        if not 1 <= groups_needed <= len(groups):
+            raise ValueError(
+                f"groups_needed must be in [1, {len(groups)}] (prompts and paused groups), got "
+                f"{groups_needed}"
+            )
+        hold_back: list[int] = []
+        if ready < groups_needed:
+            running = [(g, m) for g in groups if not g.complete for m in g.members if not m.done]
+            asks = [m.request(g.prompt, limit) for g, m in running]
+            ids = {g: k for k, g in enumerate(dict.fromkeys(g for g, _ in running))}
+            completions, hold_back = self._policy.sample(
+                [ask[0] for ask in asks],
+                [ask[2] for ask in asks],
+                options,
+                rollout_config,
+                groups=[ids[g] for g, _ in running],
+                need_groups=groups_needed - ready,
+                limits=[ask[1] for ask in asks],
+                keep_partial=True,
+            )
+            for (_, member), done in zip(running, completions, strict=True):
+                member.extend(done, self.policy_version, limit)
+        complete = [g for g in groups if g.complete]
+        kept = complete[:groups_needed]
+        self._paused.pause([g for g in groups if g not in kept])
+        members = [(g, m) for g in kept for m in g.members]
+        stops = set(hold_back or self._policy.stop_rules(options, rollout_config)[1])
+        rows = [g.prompt for g, _ in members]
+        output = RolloutOutputWithEntropy(
+            text=[
+                self._tokenizer.decode([t for t in m.tokens if t not in stops]) for _, m in members
+            ],
+            logits=None,
+            tokens=[np.asarray(m.tokens, np.int32) for _, m in members],
+            left_padded_prompt_tokens=inputs.left_pad(rows, max_prompt, self.pad_id()),
+            logprobs=[np.asarray(m.logprobs, np.float32) for _, m in members]
+            if options.return_logprobs
+            else None,
+            entropy=[np.asarray(m.entropy, np.float32) for _, m in members]
+            if options.return_entropy
+            else None,
+            versions=[np.asarray(m.versions, np.int32) for _, m in members],
+        )
+        return output, [g.key for g in kept]
 
     def prompt_token_ids(self, prompts: list[str], max_prompt_length: int) -> list[list[int]]:
         """The ids `generate` sends for each prompt: one BOS where the tokenizer has one, cut
@@ -222,6 +328,7 @@ class SglangJaxRollout(BaseRollout):
         del filter_types  # the cluster already filtered the state it passes; names tell LoRA
         base, lora = split_update(params, self._actor)
         self._engine.update_weights(base, lora=lora)
+        self.policy_version += 1
 
     def release_memory(self, weights: bool = False, resume_on_use: bool = False) -> dict[str, int]:
         """Frees the engine's KV pool on the devices (and with `weights` its parameters) while
@@ -288,6 +395,28 @@ def _routing(completions: list[Any], prompt_lengths: list[int]) -> dict[str, Any
         tokens.append(np.concatenate([routed[length:], last]))
         prompts.append(routed[:length])
     return {"routed_experts": tokens, "prompt_routed_experts": prompts}
+
+
+def _check_partial(partial_rollout: bool, max_staleness: int, settings: EngineSettings) -> None:
+    if not isinstance(partial_rollout, bool):
+        raise ValueError(f"partial_rollout must be True or False, got {partial_rollout!r}")
+    if isinstance(max_staleness, bool) or not isinstance(max_staleness, int) or max_staleness < 0:
+        raise ValueError(f"max_staleness must be an integer >= 0 (versions), got {max_staleness!r}")
+    if partial_rollout and settings.return_routed_experts:
+        raise ValueError(
+            "partial_rollout cannot be combined with return_routed_experts: a continued "
+            "sample's earlier routing would be recomputed under new weights"
+        )
+
+
+def _check_partial_options(options: SamplingOptions) -> None:
+    """Options a continued sample would change: they count its earlier tokens as prompt."""
+    for name in ("frequency_penalty", "presence_penalty", "min_new_tokens"):
+        if getattr(options, name):
+            raise ValueError(
+                f"{name}={getattr(options, name)} cannot be used with partial_rollout: a "
+                "continued sample's earlier tokens become prompt tokens, which it does not count"
+            )
 
 
 def _settings(settings: EngineSettings | Mapping[str, Any] | None, mesh: Any) -> EngineSettings:

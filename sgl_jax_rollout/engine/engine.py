@@ -199,13 +199,16 @@ class RolloutEngine:
         ignore_eos: Sequence[bool] | None = None,
         groups: Sequence[int] | None = None,
         need_groups: int | None = None,
+        keep_partial: bool = False,
     ) -> list[Completion | None]:
         """One completion per (prompt, spec), in order. Specs must share their output modes.
         `max_new_tokens`: one limit for every row, or one per row.
 
         With `groups` (a group id per row) and `need_groups`, the call returns as soon as that
         many groups have every row finished: the rows of the other groups are aborted (their KV
-        freed, nothing of them kept) and come back as None.
+        freed) and come back as None, or with `keep_partial` as what they had sampled (a
+        `Completion` whose `finish_reason` is an abort unless the row had finished; no tokens
+        for a row that never started).
 
         Raises RuntimeError naming the failure when any request of the call failed (a step
         of the engine raised, the call was aborted, the engine stopped); the engine keeps
@@ -263,19 +266,20 @@ class RolloutEngine:
                 self.collector.unwatch()
                 self.collector.forget(rids)
         self.prefill_counts.add(outputs, sum(map(len, input_ids)))
+        keep = [True] * rows
         if early is not None:
             kept = set(early.result())
             keep = [g in kept for g in groups]
-            outputs = [o for o, k in zip(outputs, keep, strict=True) if k]
-            completions = [c if k else None for c, k in zip(completions, keep, strict=True)]
         failures = [
             problem
-            for out, done in zip(outputs, filter(None, completions), strict=True)
-            if (problem := self._failure(out, done)) is not None
+            for out, done, k in zip(outputs, completions, keep, strict=True)
+            if (problem := self._failure(out, done) if k else done and done.error) is not None
         ]
         if failures:
             raise RuntimeError(_summary(failures, rows))
-        return completions
+        if keep_partial:
+            return [c or _unstarted(rid) for c, rid in zip(completions, rids, strict=True)]
+        return [c if k else None for c, k in zip(completions, keep, strict=True)]
 
     def _share_prefill(self, input_ids: list[list[int]]) -> None:
         """share_group_prefill: every prompt the call holds more than once is prefilled once,
@@ -721,6 +725,11 @@ def reported_input_id(token: int, vocab_size: int) -> int:
     `schedule_batch.py:1277`), so the value is right and the check must expect the rewrite.
     """
     return token if token < vocab_size - 1 else 0
+
+
+def _unstarted(rid: str) -> Completion:
+    """The completion of a request aborted before it started: no tokens."""
+    return Completion(rid, [], [], [], None, None, {"type": "abort", "message": "not started"})
 
 
 def _check_groups(groups: Sequence[int] | None, need: int | None, rows: int) -> None:

@@ -106,7 +106,9 @@ def _fidelity(rollout, model_dir: Path) -> dict[str, Any]:
     return rows
 
 
-def _tokens_per_s(model_dir: Path, routed: bool, runs: int) -> tuple[float, Any]:
+def _tokens_per_s(
+    model_dir: Path, routed: bool, runs: int, fidelity: bool = True
+) -> tuple[float, Any]:
     from sgl_jax_rollout.engine.settings import EngineSettings
     from sgl_jax_rollout.rollout import SglangJaxRollout
 
@@ -120,10 +122,24 @@ def _tokens_per_s(model_dir: Path, routed: bool, runs: int) -> tuple[float, Any]
             out = rollout.generate(_prompts(), _config(seed=run + 1))
             seconds += time.perf_counter() - start
             tokens += sum(len(t) for t in out.tokens)
-        extra = _fidelity(rollout, model_dir) if routed else None
+        extra = _fidelity(rollout, model_dir) if routed and fidelity else None
     finally:
         rollout.shutdown()
     return tokens / seconds, extra
+
+
+def cost(runs: int = 5) -> dict[str, Any]:
+    """The cost alone, on the replica: `bench rollout`'s routed-experts column."""
+    model_dir = _model_dir()
+    off, _ = _tokens_per_s(model_dir, routed=False, runs=runs)
+    on, _ = _tokens_per_s(model_dir, routed=True, runs=runs, fidelity=False)
+    return {
+        "model": str(model_dir),
+        "workload": f"{PROMPTS} x {TOKENS}",
+        "tokens_per_s_routed_experts_off": off,
+        "tokens_per_s_routed_experts_on": on,
+        "routed_experts_cost_pct": 100.0 * (1.0 - on / off),
+    }
 
 
 def run(model_dir: str | Path | None = None, runs: int = 5) -> dict[str, Any]:

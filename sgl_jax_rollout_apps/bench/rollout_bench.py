@@ -32,6 +32,8 @@ off). `real_size`: the same columns (ours full with overlap on / off, stock with
 off, host times) for a second model with Qwen3-0.6B's dimensions and vocabulary and
 `REAL_SIZE_LAYERS` layers (`real_size_layers`; 0 skips it), generated offline on first use,
 where the model step and the 151,936-id sampler weigh what they weigh on a slice.
+`moe_routed_experts`: decode tokens/s of the Qwen3-MoE replica with `return_routed_experts` off
+and on, and the cost in percent (`replay_bench.cost`, two engines in this process).
 
 `weights`: `update_params` with the trainer's nnx state (mapped, resharded, checked, swapped,
 cache flushed) against a plain `jax.device_put` copy of the same pytree: median of >= 5,
@@ -58,6 +60,7 @@ import numpy as np
 from tqdm import tqdm
 
 from sgl_jax_rollout.utils.compiles import count_compiles
+from sgl_jax_rollout_apps.bench import replay_bench
 from sgl_jax_rollout_apps.bench.columns import WORKERS, rollout_config
 from sgl_jax_rollout_apps.bench.turns import measure
 from sgl_jax_rollout_apps.bench.workloads import WORKLOADS, prompts
@@ -155,6 +158,9 @@ def run_rollout(
         rollout.shutdown()
     if real_size_layers:
         result["real_size"] = _real_size(real_size_layers, runs, starts)
+    # The routed-experts column: decode tokens/s of the Qwen3-MoE replica with
+    # `return_routed_experts` off and on (bench replay measures the same, with fidelity).
+    result["moe_routed_experts"] = replay_bench.cost(runs)
     return result
 
 

@@ -1,13 +1,21 @@
-"""Groups on the real engine: a group's prompt prefilled once (`share_group_prefill`), and
-over-sampling with early stop (`generate_groups`, `RolloutEngine.generate(need_groups=)`)."""
+"""Groups on the real engine: a group's prompt prefilled once (`share_group_prefill`),
+over-sampling with early stop (`generate_groups`, `RolloutEngine.generate(need_groups=)`) and
+partial rollouts (`partial_rollout`)."""
 
 from __future__ import annotations
 
+import itertools
+
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from sgl_jax_rollout.engine.rows import RequestSpec
+from sgl_jax_rollout.partial import PausedGroups
 from sgl_jax_rollout.sampling.options import SamplingOptions
+from tests.conftest import perturbed as perturbed_state
 from tests.sgl_jax_rollout.test_rollout import comparable, config, padded, trainer_logps
 
 pytestmark = pytest.mark.engine
@@ -145,3 +153,76 @@ def test_bad_groups_raise_before_the_engine(rollout, bad, match):
     bad = {"max_new_tokens": 4, **bad}
     with pytest.raises(ValueError, match=match):
         rollout.engine.generate([[1, 2], [3, 4]], [spec, spec], **bad)
+
+
+def quick_stops(tokens: list[list[int]], n: int, early: int = 6, late: int = 14) -> list[int]:
+    """Stop ids (one per sample of a group) that end one group's n samples within `early`
+    tokens while every other group keeps a sample running past `late`, read from a free run
+    with the same seeds (stop ids do not change what is sampled)."""
+
+    def end(row, stops):  # the row's length with `stops` as stop ids
+        hits = [j for j, t in enumerate(row) if t in stops]
+        return hits[0] + 1 if hits else len(row)
+
+    groups = [tokens[g : g + n] for g in range(0, len(tokens), n)]
+    for g, rows in enumerate(groups):
+        for stops in itertools.product(*(row[1:early] for row in rows)):
+            if all(
+                max(end(r, stops) for r in other) > late for h, other in enumerate(groups) if h != g
+            ):
+                return list(stops)
+    raise AssertionError("no stop ids split the groups; change the prompts or seed")
+
+
+def test_partial_rollout_continues_paused_groups_under_the_new_weights(
+    rollout, trainer, monkeypatch
+):
+    """Partial rollouts on the session engine (the rollout's own buffer, switched on here):
+    call 1 needs 1 of 4 groups and pauses the other 3 mid-sample; after an update to other
+    weights, call 2 continues them first. Every token carries the version that sampled it;
+    each token's logprob equals the trainer's under that version's weights (the old prefix
+    was recomputed under the new weights: the update flushed the prefix cache, and the new
+    tokens' logprobs would differ from the trainer's otherwise). Then a paused group older
+    than max_staleness is dropped, not continued."""
+    prompts = [f"partial {i}: the quick brown fox" for i in range(4)]
+    cfg = config(max_tokens_to_generate=24, seed=3)
+    free = rollout.generate(prompts, cfg, n=2)
+    stops = quick_stops([t.tolist() for t in free.tokens], 2)
+    monkeypatch.setattr(rollout, "_partial_rollout", True)
+    monkeypatch.setattr(rollout, "_paused", PausedGroups())
+    original = jax.tree_util.tree_map(jnp.copy, nnx.state(trainer, nnx.Param))
+    first_version = rollout.policy_version
+    keys = [f"a{i}" for i in range(4)]
+    out1, kept1 = rollout.generate_groups(prompts, cfg, 1, keys, n=2, stop_token_ids=stops)
+    assert len(kept1) == 1 and len(out1.tokens) == 2 and rollout.paused_groups == 3
+    assert all(set(v.tolist()) == {first_version} for v in out1.versions)
+    new_state = perturbed_state(original, scale=0.05, seed=4)
+    try:
+        rollout.update_params(new_state)
+        out2, kept2 = rollout.generate_groups(["fresh"], cfg, 3, ["b0"], n=2, stop_token_ids=stops)
+        assert len(kept2) == 3 and rollout.paused_groups == 1
+        assert set(kept2) <= set(keys) - set(kept1) | {"b0"}
+        prompt_tokens, completions = padded(out2, rollout, 24)
+        old = np.asarray(trainer_logps(trainer, rollout, prompt_tokens, completions)[0])
+        nnx.update(trainer, new_state)
+        new = np.asarray(trainer_logps(trainer, rollout, prompt_tokens, completions)[0])
+        mixed = 0
+        for i, (tokens, versions) in enumerate(zip(out2.tokens, out2.versions, strict=True)):
+            assert len(tokens) == len(versions) == len(out2.logprobs[i]) <= 24
+            assert np.all(np.diff(versions) >= 0)
+            assert set(versions.tolist()) <= {first_version, first_version + 1}
+            k = comparable(tokens, rollout.pad_id())
+            stale = versions[:k] == first_version
+            mixed += bool(stale.any() and (~stale).any())
+            reference = np.where(stale, old[i, :k], new[i, :k])
+            np.testing.assert_allclose(out2.logprobs[i][:k], reference, atol=1e-4)
+        assert mixed >= 2  # samples that were paused mid-way and continued
+        monkeypatch.setattr(rollout, "_max_staleness", 0)
+        rollout.update_params(new_state)
+        dropped = rollout.dropped_stale_groups
+        rollout.generate_groups(["another"], cfg, 1, ["c0"], n=2, stop_token_ids=stops)
+        assert rollout.dropped_stale_groups == dropped + 1
+    finally:
+        nnx.update(trainer, original)
+        rollout.update_params(original)
+        rollout._paused.clear()

@@ -1,0 +1,96 @@
+"""Partial rollouts: groups paused when a step has enough, continued after a weight update.
+
+Owns `Member` (one sample so far: tokens, their logprobs and entropy, and the policy version
+that sampled each token), `Group` (a prompt's samples, under the caller's key) and
+`PausedGroups`, the rollout's buffer between calls:
+
+- `pause` keeps a group that was not needed (its unfinished samples were aborted in the
+  engine, their KV freed);
+- `resume` hands the paused groups back at the next call, dropping those whose oldest token
+  is more than `max_staleness` policy versions old (AReaL's `max_head_offpolicyness`);
+- `Member.request` is what continues a sample: the prompt followed by its tokens so far, as a
+  new prompt, with the rest of the length budget. The prompt's KV is recomputed under the
+  current weights: every weight update flushes the engine's prefix cache, so no KV of an
+  older version is ever served.
+
+No engine import: the rollout submits the requests (`SglangJaxRollout.generate_groups`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+# A continued sample draws from a stream of its own: its seed, moved by its length so far.
+_SEED_STRIDE = 0x9E3779B1
+_SEED_MASK = (1 << 63) - 1
+
+
+@dataclasses.dataclass(eq=False)
+class Member:
+    seed: int
+    tokens: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+    entropy: list[float] = dataclasses.field(default_factory=list)
+    versions: list[int] = dataclasses.field(default_factory=list)
+    done: bool = False  # ended for real: a stop id or the length limit
+
+    def request(self, prompt: list[int], limit: int) -> tuple[list[int], int, int]:
+        """(ids, max new tokens, seed) that continue this sample."""
+        seed = (self.seed + _SEED_STRIDE * len(self.tokens)) & _SEED_MASK
+        return prompt + self.tokens, limit - len(self.tokens), seed
+
+    def extend(self, completion: Any, version: int, limit: int) -> None:
+        """Appends what the engine sampled for it (a `Completion`) under `version`."""
+        new = list(completion.tokens)
+        self.tokens += new
+        self.logprobs += list(completion.logprobs or [0.0] * len(new))
+        self.entropy += list(completion.entropy or [0.0] * len(new))
+        self.versions += [version] * len(new)
+        reason = completion.finish_reason
+        aborted = isinstance(reason, dict) and reason.get("type") == "abort"
+        self.done = not aborted or len(self.tokens) >= limit
+
+
+@dataclasses.dataclass(eq=False)  # groups are told apart by identity
+class Group:
+    key: Any
+    prompt: list[int]
+    members: list[Member]
+
+    @property
+    def complete(self) -> bool:
+        return all(m.done for m in self.members)
+
+    def oldest_version(self) -> int | None:
+        versions = [m.versions[0] for m in self.members if m.versions]
+        return min(versions) if versions else None
+
+
+class PausedGroups:
+    def __init__(self) -> None:
+        self._groups: list[Group] = []
+        self.dropped = 0  # groups dropped as too stale, over the rollout's life
+
+    def __len__(self) -> int:
+        return len(self._groups)
+
+    def pause(self, groups: list[Group]) -> None:
+        self._groups += groups
+
+    def resume(self, version: int, max_staleness: int) -> list[Group]:
+        """The paused groups, oldest first, less those older than `max_staleness` versions."""
+        groups, self._groups = self._groups, []
+        kept = []
+        for group in groups:
+            oldest = group.oldest_version()
+            if oldest is not None and version - oldest > max_staleness:
+                self.dropped += 1
+            else:
+                kept.append(group)
+        return kept
+
+    def clear(self) -> int:
+        """Drops every paused group; returns how many there were."""
+        count, self._groups = len(self._groups), []
+        return count
