@@ -224,34 +224,45 @@ class SglangJaxRollout(BaseRollout):
         seeds = self._policy.seeds(rollout_config.seed, len(prompts), options.n)
         prompt_ids = self.prompt_token_ids(prompts, max_prompt)
         self._policy.refuse_pad(prompt_ids)
-        groups = self._paused.resume(self.policy_version, self._max_staleness)
-        groups += [
+        total = len(self._paused) + len(prompt_ids)
+        if not 1 <= groups_needed <= total:
+            raise ValueError(
+                f"groups_needed must be in [1, {total}] (prompts and paused groups), got "
+                f"{groups_needed}"
+            )
+        resumed = self._paused.resume(self.policy_version, self._max_staleness)
+        groups = resumed + [
             Group(keys[i], ids, [Member(seeds[i * options.n + j]) for j in range(options.n)])
             for i, ids in enumerate(prompt_ids)
         ]
+        if len(groups) < groups_needed:
+            self._paused.pause(resumed)
+            raise ValueError(
+                f"groups_needed is {groups_needed}, but after dropping paused groups older than "
+                f"max_staleness={self._max_staleness} versions only {len(groups)} remain"
+            )
         for member in (m for g in groups for m in g.members):
             member.done = member.done or len(member.tokens) >= limit
         ready = sum(g.complete for g in groups)
-        if not 1 <= groups_needed <= len(groups):
-            raise ValueError(
-                f"groups_needed must be in [1, {len(groups)}] (prompts and paused groups), got "
-                f"{groups_needed}"
-            )
         hold_back: list[int] = []
         if ready < groups_needed:
             running = [(g, m) for g in groups if not g.complete for m in g.members if not m.done]
             asks = [m.request(g.prompt, limit) for g, m in running]
             ids = {g: k for k, g in enumerate(dict.fromkeys(g for g, _ in running))}
-            completions, hold_back = self._policy.sample(
-                [ask[0] for ask in asks],
-                [ask[2] for ask in asks],
-                options,
-                rollout_config,
-                groups=[ids[g] for g, _ in running],
-                need_groups=groups_needed - ready,
-                limits=[ask[1] for ask in asks],
-                keep_partial=True,
-            )
+            try:
+                completions, hold_back = self._policy.sample(
+                    [ask[0] for ask in asks],
+                    [ask[2] for ask in asks],
+                    options,
+                    rollout_config,
+                    groups=[ids[g] for g, _ in running],
+                    need_groups=groups_needed - ready,
+                    limits=[ask[1] for ask in asks],
+                    keep_partial=True,
+                )
+            except BaseException:
+                self._paused.pause(resumed)  # nothing paused is lost when a call fails
+                raise
             for (_, member), done in zip(running, completions, strict=True):
                 member.extend(done, self.policy_version, limit)
         complete = [g for g in groups if g.complete]
