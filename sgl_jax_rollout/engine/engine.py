@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import collections
 import concurrent.futures
 import contextlib
 import dataclasses
@@ -288,10 +289,8 @@ class RolloutEngine:
         cache and compute only their last prompt token."""
         if not self.settings.share_group_prefill or self.settings.disable_radix_cache:
             return
-        seen: dict[tuple[int, ...], int] = {}
-        for ids in input_ids:
-            seen[tuple(ids)] = seen.get(tuple(ids), 0) + 1
-        repeated = [list(ids) for ids, count in seen.items() if count > 1]
+        counts = collections.Counter(map(tuple, input_ids))
+        repeated = [list(ids) for ids, count in counts.items() if count > 1]
         if not repeated:
             return
         rids = [uuid.uuid4().hex for _ in repeated]
