@@ -293,18 +293,26 @@ class RolloutEngine:
         repeated = [list(ids) for ids, count in counts.items() if count > 1]
         if not repeated:
             return
-        rids = [uuid.uuid4().hex for _ in repeated]
+        outputs = self._submit_unrecorded(
+            "shared prompt prefills",
+            input_ids=repeated,
+            sampling_params=[{"max_new_tokens": 0}] * len(repeated),
+            rid=[uuid.uuid4().hex for _ in repeated],
+        )
+        self.prefill_counts.add(outputs, 0)
+
+    def _submit_unrecorded(self, what: str, **fields: Any) -> list[dict]:
+        """`_submit` for requests the collector does not record (scoring, shared prefills):
+        aborted when the submission fails; RuntimeError naming `what` if any was aborted."""
         try:
-            outputs = self._submit(
-                input_ids=repeated, sampling_params=[{"max_new_tokens": 0}] * len(rids), rid=rids
-            )
+            outputs = self._submit(**fields)
         except BaseException:
-            self._abort(rids)
+            self._abort(fields["rid"])
             raise
         failures = [p for out in outputs if (p := self._aborted(out)) is not None]
         if failures:
-            raise RuntimeError(_summary(failures, len(rids), "shared prompt prefills"))
-        self.prefill_counts.add(outputs, 0)
+            raise RuntimeError(_summary(failures, len(outputs), what))
+        return outputs
 
     def score(
         self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]
@@ -326,24 +334,17 @@ class RolloutEngine:
                 raise ValueError(f"prompt {i} is empty: scoring needs at least one prompt token")
             prompt = self._checked_ids(prompts[i], f"prompt {i}")
             ids[i] = (prompt, self._checked_ids(completions[i], f"completion {i}"))
-        rids = [uuid.uuid4().hex for _ in rows]
         with self._lock:
             self._check_serving("score")
             self._abort_reason = None
-            try:
-                outputs = self._submit(
-                    input_ids=[ids[i][0] + ids[i][1] for i in rows],
-                    sampling_params=[{"max_new_tokens": 1, "temperature": 0.0}] * len(rows),
-                    rid=rids,
-                    return_logprob=[True] * len(rows),
-                    logprob_start_len=[len(ids[i][0]) - 1 for i in rows],
-                )
-            except BaseException:
-                self._abort(rids)
-                raise
-        failures = [p for out in outputs if (p := self._aborted(out)) is not None]
-        if failures:
-            raise RuntimeError(_summary(failures, len(rows), "scoring"))
+            outputs = self._submit_unrecorded(
+                "scoring",
+                input_ids=[ids[i][0] + ids[i][1] for i in rows],
+                sampling_params=[{"max_new_tokens": 1, "temperature": 0.0}] * len(rows),
+                rid=[uuid.uuid4().hex for _ in rows],
+                return_logprob=[True] * len(rows),
+                logprob_start_len=[len(ids[i][0]) - 1 for i in rows],
+            )
         for i, out in zip(rows, outputs, strict=True):
             entries = out["meta_info"]["input_token_logprobs"][1:]
             scored = [e[1] for e in entries]
