@@ -75,6 +75,10 @@ class PausedGroups:
     def __len__(self) -> int:
         return len(self._groups)
 
+    def keys(self, version: int, max_staleness: int) -> list[Any]:
+        """The keys of the paused groups `resume(version, max_staleness)` would continue."""
+        return [g.key for g in self._groups if not _stale(g, version, max_staleness)]
+
     def pause(self, groups: list[Group]) -> None:
         self._groups += groups
 
@@ -83,8 +87,7 @@ class PausedGroups:
         groups, self._groups = self._groups, []
         kept = []
         for group in groups:
-            oldest = group.oldest_version()
-            if oldest is not None and version - oldest > max_staleness:
+            if _stale(group, version, max_staleness):
                 self.dropped += 1
             else:
                 kept.append(group)
@@ -94,3 +97,8 @@ class PausedGroups:
         """Drops every paused group; returns how many there were."""
         count, self._groups = len(self._groups), []
         return count
+
+
+def _stale(group: Group, version: int, max_staleness: int) -> bool:
+    oldest = group.oldest_version()
+    return oldest is not None and version - oldest > max_staleness

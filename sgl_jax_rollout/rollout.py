@@ -152,7 +152,8 @@ class SglangJaxRollout(BaseRollout):
         `groups_needed`. Returns the kept groups' output (prompt order, a group's samples
         adjacent, as `generate` lays them out) and the kept groups' keys: `keys[i]` names
         `prompts[i]` (default: its index). With partial rollouts a kept group may come from an
-        earlier call, under the key that call gave it: give keys that tell calls apart.
+        earlier call, under the key that call gave it: give keys that tell calls apart; and
+        `prompts` may be empty while groups are paused (the call continues those alone).
 
         Early stop favours the groups that finish first, so short completions: the bias every
         over-sampling stack accepts for the wait it saves."""
@@ -165,9 +166,21 @@ class SglangJaxRollout(BaseRollout):
         return output, [keys[i] for i in kept]
 
     @property
+    def partial_rollout(self) -> bool:
+        """Whether `generate_groups` pauses the groups it does not need (constructor option)."""
+        return self._partial_rollout
+
+    @property
     def paused_groups(self) -> int:
         """Groups a partial rollout holds for its next call."""
         return len(self._paused)
+
+    @property
+    def paused_keys(self) -> list[Any]:
+        """The keys (as `generate_groups` was given them) of the paused groups the next call
+        continues (not those it will drop as stale), oldest first; a caller keeps what it
+        needs of those groups under them."""
+        return self._paused.keys(self.policy_version, self._max_staleness)
 
     @property
     def dropped_stale_groups(self) -> int:
@@ -218,7 +231,8 @@ class SglangJaxRollout(BaseRollout):
     ) -> tuple[RolloutOutputWithEntropy, list[Any]]:
         """`generate_groups` with partial rollouts: the paused groups (continued first) and
         the new prompts' groups."""
-        prompts = inputs.prompt_list(prompts)
+        # no new prompt is fine while paused groups remain: they are the call's groups
+        prompts = inputs.prompt_list(prompts) if len(prompts) or not len(self._paused) else []
         options, limit, max_prompt = self._policy.call(rollout_config, kwargs)
         _check_partial_options(options)
         seeds = self._policy.seeds(rollout_config.seed, len(prompts), options.n)

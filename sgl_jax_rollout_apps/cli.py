@@ -215,6 +215,7 @@ def _demo(args: argparse.Namespace) -> int:
             num_iterations=args.num_iterations,
             tis_cap=args.tis_cap,
             **_variant_fields(args),
+            **_group_sampling_fields(args),
             preset=args.preset,
             task=args.task,
             eval_problems=args.eval_problems,
@@ -373,6 +374,42 @@ def _add_variant_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_group_sampling_flags(parser: argparse.ArgumentParser) -> None:
+    """`demo`'s dynamic sampling and partial rollout flags (sglang_jax rollout only)."""
+    parser.add_argument(
+        "--filter-groups",
+        choices=("verl", "slime"),
+        help="grpo / egpo: DAPO's dynamic sampling, keep sampling until every group of the step "
+        "has rewards that differ (verl: population std > 0; slime: unbiased std > 1e-6)",
+    )
+    parser.add_argument(
+        "--over-sampling-batch-size",
+        type=int,
+        help="grpo / egpo on the sglang_jax rollout: prompts sent per round (>= the step's); "
+        "a round returns once the groups still needed are complete and aborts the rest",
+    )
+    parser.add_argument(
+        "--partial-rollout",
+        action="store_true",
+        help="sglang_jax rollout: groups a step does not need are paused and continued at the "
+        "next step under its weights (with --over-sampling-batch-size)",
+    )
+    parser.add_argument(
+        "--mask-offpolicy-in-partial-rollout",
+        action="store_true",
+        help="with --partial-rollout: tokens of an older policy version leave the loss",
+    )
+
+
+def _group_sampling_fields(args: argparse.Namespace) -> dict:
+    return {
+        "filter_groups": args.filter_groups,
+        "over_sampling_batch_size": args.over_sampling_batch_size,
+        "partial_rollout": args.partial_rollout,
+        "mask_offpolicy_in_partial_rollout": args.mask_offpolicy_in_partial_rollout,
+    }
+
+
 def _variant_fields(args: argparse.Namespace) -> dict:
     """The `DemoConfig` fields the variant flags set (the bounds only with a correction)."""
     fields = {
@@ -490,6 +527,7 @@ def build_parser() -> argparse.ArgumentParser:
         "token-truncate --is-threshold CAP",
     )
     _add_variant_flags(demo)
+    _add_group_sampling_flags(demo)
     demo.add_argument(
         "--sweep",
         action="store_true",

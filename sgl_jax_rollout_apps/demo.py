@@ -19,6 +19,7 @@ that share, in `--out/process-<i>/`.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import logging
 from pathlib import Path
@@ -136,6 +137,13 @@ class DemoConfig:
     # GRPO / EGPO on a MoE: the trainer routes every token to the rollout's experts (R3); the
     # engine then returns them (`EngineSettings.return_routed_experts`)
     routing_replay: bool = False
+    # GRPO / EGPO dynamic sampling (`RolloutGRPOConfig`'s fields of these names) and partial
+    # rollouts (`build_cluster`'s): the step's groups may come from more prompts than its own
+    filter_groups: str | None = None
+    over_sampling_batch_size: int | None = None
+    partial_rollout: bool = False
+    max_staleness: int = 1
+    mask_offpolicy_in_partial_rollout: bool = False
     engine_settings: Any = None
     preset: str | None = None  # a tpu_configs name: meshes and engine settings of that slice
     lora_rank: int = 0  # > 0: train qwix LoRA adapters of this rank on the actor
@@ -179,10 +187,23 @@ class DemoConfig:
             raise ValueError(f"lora_rank must be >= 0 (0: no LoRA), got {self.lora_rank}")
         if not (0 < self.learning_rate < 1):
             raise ValueError(f"learning_rate must be in (0, 1), got {self.learning_rate}")
-        grpo_only = ("tis_cap", "is_correction", "top_entropy_quantile")
+        grpo_only = (
+            "tis_cap",
+            "is_correction",
+            "top_entropy_quantile",
+            "filter_groups",
+            "over_sampling_batch_size",
+        )
         for name in grpo_only:
             if self.algo == "ppo" and getattr(self, name) is not None:
                 raise ValueError(f"{name} applies to grpo and egpo, not ppo")
+        if (self.partial_rollout or self.over_sampling_batch_size) and self.rollout != "sglang_jax":
+            raise ValueError(
+                "partial_rollout and over_sampling_batch_size need the sglang_jax rollout, got "
+                f"rollout={self.rollout!r}"
+            )
+        if self.partial_rollout and self.algo == "ppo":
+            raise ValueError("partial_rollout applies to grpo and egpo, not ppo")
         if self.routing_replay and (self.algo == "ppo" or self.rollout != "sglang_jax"):
             raise ValueError(
                 "routing_replay applies to grpo and egpo on the sglang_jax rollout (the one that "
@@ -215,6 +236,9 @@ class DemoConfig:
             is_rejection=self.is_rejection,
             top_entropy_quantile=self.top_entropy_quantile,
             routing_replay=self.routing_replay,
+            filter_groups=self.filter_groups,
+            over_sampling_batch_size=self.over_sampling_batch_size,
+            mask_offpolicy_in_partial_rollout=self.mask_offpolicy_in_partial_rollout,
             think_start_id=think_ids[0],
             think_end_id=think_ids[1],
         )
@@ -343,6 +367,8 @@ def build(config: DemoConfig):
         preset=preset,
         lora={"rank": config.lora_rank, "alpha": config.lora_alpha} if config.lora_rank else None,
         release_rollout_memory=RELEASE_MEMORY[config.release_memory],
+        partial_rollout=config.partial_rollout,
+        max_staleness=config.max_staleness,
     )
     if config.task is not None:
         from sgl_jax_rollout_apps.tasks import task
@@ -400,11 +426,13 @@ def train(
         if task_run is not None:
             batches = task_run.batches()
         else:
-            batches = [
+            # Dynamic sampling draws more prompts than the steps' own: then the stream goes on.
+            steps = itertools.count() if samples_groups(config) else range(config.steps)
+            batches = (
                 # numpy arrays, as tunix's data pipelines give them (it repeats them along axis 0)
                 {"prompts": np.array(local_prompts(config, step))}
-                for step in range(config.steps)
-            ]
+                for step in steps
+            )
         with count_compiles() as compiles:  # read by `record`
             learner.train(batches)  # closes the cluster, which flushes the last step's metrics
         if task_run is not None:
@@ -421,6 +449,11 @@ def train(
     if config.out:
         write_outputs(history, output_dir(config), config)
     return history
+
+
+def samples_groups(config: DemoConfig) -> bool:
+    """Whether a step may sample more prompts than its own (dynamic sampling, partial)."""
+    return bool(config.filter_groups or config.over_sampling_batch_size or config.partial_rollout)
 
 
 def output_dir(config: DemoConfig) -> Path:

@@ -10,11 +10,13 @@ at the same time where the rollout has devices of its own: what belongs to one b
 per thread (a batch is produced on one thread, start to end). `batch_rollout` is this
 thread's last result, the one the learners read; `last_rollout` the last of any thread (for
 inspection); `answering_old_policy` makes this thread's `get_old_per_token_logps` calls answer
-from the learner. It also snapshots the initial policy as tunix's anchor state, so trainer-side
-logprobs of step 0 (`get_actor_per_token_logps`) are available before the first sync
-(`snapshot_policy`; the learners call it again where the rollout shares the actor's weights
-and tunix never syncs). With one JAX process per host, its trainer scoring takes every
-process's share of the batch and gives each process its own rows back (`_per_process`).
+from the learner, `answering_generate` its `generate` calls (with rows the learner's dynamic
+sampling already took through `generate_groups`). It also snapshots the initial policy as
+tunix's anchor state, so trainer-side logprobs of step 0 (`get_actor_per_token_logps`) are
+available before the first sync (`snapshot_policy`; the learners call it again where the
+rollout shares the actor's weights and tunix never syncs). With one JAX process per host,
+its trainer scoring takes every process's share of the batch and gives each process its own
+rows back (`_per_process`).
 
 Where the rollout shares the actor's devices, its engine frees its KV pool (or also its
 weights) before each trainer update and takes it back at its next call
@@ -201,7 +203,40 @@ class RolloutCluster(RLCluster):
         result = score(prompts, completions, *args, **kwargs)
         return jnp.asarray(local_rows(result, prompt_tokens.shape[0]))
 
+    @contextlib.contextmanager
+    def answering_generate(self, output: RolloutOutputWithEntropy) -> Iterator[None]:
+        """Within it, this thread's `generate` returns `output` (rows already sampled, one per
+        prompt it is asked for) instead of sampling: the learner's dynamic sampling hands
+        tunix the groups it kept."""
+        self._batch.answer = output
+        try:
+            yield
+        finally:
+            self._batch.answer = None
+
+    def generate_groups(
+        self, prompts: list[str], *, mode: Mode, groups_needed: int, keys: list[Any], n: int
+    ) -> tuple[RolloutOutputWithEntropy, list[Any]]:
+        """The rollout's `generate_groups` (`n` samples of every prompt, early stop once
+        `groups_needed` groups are complete) under the rollout config of `mode`."""
+        if self.cluster_config.offload_to_cpu:
+            raise ValueError(
+                "dynamic sampling (generate_groups) does not run with ClusterConfig."
+                "offload_to_cpu=True: the sgl-jax rollout keeps its own weights"
+            )
+        config = self.get_rollout_config(mode)
+        return self.rollout.generate_groups(prompts, config, groups_needed, keys, n=n)
+
     def generate(self, prompts, *args: Any, **kwargs: Any) -> RolloutOutputWithEntropy:
+        answer = getattr(self._batch, "answer", None)
+        if answer is not None:
+            if len(prompts) != len(answer.text):
+                raise ValueError(
+                    f"generate was asked for {len(prompts)} rows while answering with "
+                    f"{len(answer.text)} sampled rows"
+                )
+            self._batch.rollout = self.last_rollout = answer
+            return answer
         parts = self._batch.parts = []
         try:
             merged = super().generate(prompts, *args, **kwargs)
@@ -267,6 +302,8 @@ def build_cluster(
     preset: Any = None,
     lora: Mapping[str, Any] | None = None,
     release_rollout_memory: str | bool | None = True,
+    partial_rollout: bool = False,
+    max_staleness: int = 1,
 ) -> RolloutCluster:
     """A `RolloutCluster` for `model_path` with the named rollout.
 
@@ -284,9 +321,16 @@ def build_cluster(
     None elsewhere), also its weights ("weights": they come back with the next weight sync),
     or keeps everything (False / None). On devices of its own it keeps everything; asking for
     a release there is refused by name.
+
+    `partial_rollout` (sgl-jax rollout only): groups a training batch does not need are paused
+    and continued at the next batch, under the weights of then, unless their oldest token is
+    more than `max_staleness` policy versions old (`SglangJaxRollout`'s options of those
+    names); the learner's `mask_offpolicy_in_partial_rollout` masks their older tokens.
     """
     if rollout not in ROLLOUTS:
         raise ValueError(f"rollout must be one of {ROLLOUTS}, got {rollout!r}")
+    if partial_rollout and rollout != "sglang_jax":
+        raise ValueError(f"partial_rollout needs rollout='sglang_jax', got {rollout!r}")
     from sgl_jax_rollout.tiny_model import default_model_dir
 
     model_path = Path(model_path) if model_path else default_model_dir()
@@ -317,6 +361,8 @@ def build_cluster(
             engine_settings=engine_settings,
             sampling=sampling,
             lora_scaling=lora_scaling(lora),
+            partial_rollout=partial_rollout,
+            max_staleness=max_staleness,
         )
     else:
         from tunix_adapter.vanilla import VanillaRolloutWithEntropy

@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import logging
 import threading
 
 import flax
@@ -47,9 +48,11 @@ import numpy as np
 
 from sgl_jax_rollout.rollout_inputs import right_pad_ids, right_pad_values
 from sgl_jax_rollout.tunix_compat import GRPOConfig, GRPOLearner, Mode, TrainExample
-from tunix_adapter import egpo, forking, metrics, routing_replay
+from tunix_adapter import egpo, forking, group_sampling, metrics, routing_replay
 from tunix_adapter.cluster import RolloutCluster
 from tunix_adapter.off_policy import OffPolicyCorrection, apply_correction
+
+logger = logging.getLogger(__name__)
 
 
 @flax.struct.dataclass(frozen=True)
@@ -80,6 +83,20 @@ class RolloutGRPOConfig(GRPOConfig):
       routed each token to, in the loss and in the trainer's scoring of the old policy
       (verl `router_replay.mode: R3`, slime `--use-rollout-routing-replay`). Needs a tunix
       Qwen3-MoE actor and `EngineSettings(return_routed_experts=True)`.
+    - `filter_groups` (DAPO's dynamic sampling; default None, off): keep sampling until the
+      batch holds B groups whose rewards are not all equal. `"verl"`: population std > 0
+      (verl `algorithm.filter_groups`); `"slime"`: float64 unbiased std > 1e-6 (slime
+      `check_reward_nonzero_std`). `filter_groups_metric`: `"reward"` (the summed reward) or
+      a reward function's name. `max_num_gen_batches`: the most rounds a batch may take, then
+      ValueError (verl's; <= 0: no cap, verl's default).
+    - `over_sampling_batch_size` (slime's `--over-sampling-batch-size`; default None): each
+      round sends this many prompts (>= B; the batch's own first, then more from the data
+      iterator) and returns once the groups it still needs are complete, aborting the rest.
+    - `mask_offpolicy_in_partial_rollout` (slime's; needs a rollout built with
+      `partial_rollout=True`): the tokens a continued sample drew under an older policy
+      version leave the loss's completion mask.
+    All three sample through `generate_groups` (`group_sampling.py`); so does a rollout with
+    partial rollouts on. Training batches only: evaluation samples each batch once.
     """
 
     use_rollout_logprobs: bool = True
@@ -91,6 +108,11 @@ class RolloutGRPOConfig(GRPOConfig):
     top_entropy_quantile: float | None = None
     pass_threshold: float = 1.0
     routing_replay: bool = False
+    filter_groups: str | None = None
+    filter_groups_metric: str = "reward"
+    max_num_gen_batches: int = 0
+    over_sampling_batch_size: int | None = None
+    mask_offpolicy_in_partial_rollout: bool = False
     log_trainer_logprobs: bool = True
     egpo_lambda: float = 0.4
     egpo_alpha: float = 2.0
@@ -122,10 +144,40 @@ class RolloutGRPOConfig(GRPOConfig):
                 "mask correction (with rollout logprobs it rejects outliers only)"
             )
         forking.check_quantile(self.top_entropy_quantile)
+        self._check_group_sampling()
         if not np.isfinite(self.pass_threshold):
             raise ValueError(f"pass_threshold must be finite, got {self.pass_threshold}")
         self.egpo_settings()  # validates lambda, alpha and think ids
         self._map_onto_tunix_main()
+
+    def _check_group_sampling(self) -> None:
+        if self.filter_groups is not None and self.filter_groups not in group_sampling.FILTERS:
+            raise ValueError(
+                f"filter_groups must be one of {group_sampling.FILTERS} or None, got "
+                f"{self.filter_groups!r}"
+            )
+        if not isinstance(self.filter_groups_metric, str) or not self.filter_groups_metric:
+            raise ValueError(
+                "filter_groups_metric must be 'reward' or a reward function's name, got "
+                f"{self.filter_groups_metric!r}"
+            )
+        if not isinstance(self.max_num_gen_batches, int) or isinstance(
+            self.max_num_gen_batches, bool
+        ):
+            raise ValueError(
+                f"max_num_gen_batches must be an integer (<= 0: no cap), got "
+                f"{self.max_num_gen_batches!r}"
+            )
+        size = self.over_sampling_batch_size
+        if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 1):
+            raise ValueError(
+                f"over_sampling_batch_size must be an integer >= 1 (prompts per round) or None, "
+                f"got {size!r}"
+            )
+
+    def samples_groups(self) -> bool:
+        """Whether training batches take `group_sampling`'s rounds (or a partial rollout's)."""
+        return self.filter_groups is not None or self.over_sampling_batch_size is not None
 
     def off_policy_correction(self) -> OffPolicyCorrection | None:
         if self.is_correction is None:
@@ -179,6 +231,84 @@ class RolloutGRPOLearner(GRPOLearner):
         self._batch = threading.local()  # trainer_logps, estimator_inputs: this thread's batch
         if algo_config.routing_replay:
             self._replay_in_loss()
+        self._train_iterator = None  # tunix's, for the rounds' extra prompts
+        self._sampler = self._group_sampler()
+
+    def _group_sampler(self) -> group_sampling.GroupSampler | None:
+        """The rounds of dynamic sampling (`group_sampling.py`), None where training batches
+        are sampled once (no filter, no over-sampling, no partial rollouts)."""
+        cfg, rollout = self.algo_config, self.rl_cluster.rollout
+        partial = bool(getattr(rollout, "partial_rollout", False))
+        if cfg.mask_offpolicy_in_partial_rollout and not partial:
+            raise ValueError(
+                "mask_offpolicy_in_partial_rollout=True needs a rollout with partial rollouts "
+                "(build_cluster(partial_rollout=True))"
+            )
+        if not (cfg.samples_groups() or partial):
+            return None
+        if not hasattr(rollout, "generate_groups"):
+            raise ValueError(
+                "filter_groups and over_sampling_batch_size need SglangJaxRollout (its "
+                f"generate_groups); this cluster's rollout is {type(rollout).__name__}"
+            )
+        if jax.process_count() > 1:
+            raise ValueError(
+                "filter_groups, over_sampling_batch_size and partial rollouts run in one JAX "
+                f"process for now (this run has {jax.process_count()} processes)"
+            )
+        if partial and not (
+            cfg.use_rollout_logprobs
+            or cfg.mask_offpolicy_in_partial_rollout
+            or cfg.off_policy_correction() is not None
+        ):
+            logger.warning(
+                "partial rollouts with the trainer as the old policy and neither "
+                "mask_offpolicy_in_partial_rollout nor is_correction: tokens of older policy "
+                "versions train as if the current policy had sampled them"
+            )
+        return group_sampling.GroupSampler(
+            n=cfg.num_generations,
+            filter_rule=cfg.filter_groups,
+            metric=cfg.filter_groups_metric,
+            max_num_gen_batches=cfg.max_num_gen_batches,
+            over_sampling_batch_size=cfg.over_sampling_batch_size,
+            generate=self._generate_round,
+            score=self._score_round,
+            draw=self._draw_micro_batch,
+            paused_keys=(lambda: rollout.paused_keys) if partial else None,
+        )
+
+    def _prepare_data(self, *args, **kwargs):
+        # tunix hands its data iterator to this call (keyword, both releases); the rounds of
+        # dynamic sampling draw their extra prompts from the training one.
+        if kwargs.get("mode", Mode.TRAIN) == Mode.TRAIN:
+            self._train_iterator = kwargs["iterator"] if "iterator" in kwargs else args[0]
+        return super()._prepare_data(*args, **kwargs)
+
+    def _draw_micro_batch(self):
+        if self._train_iterator is None:
+            raise StopIteration
+        return next(self._train_iterator)
+
+    def _generate_round(self, prompts, keys, groups_needed):
+        return self.rl_cluster.generate_groups(
+            prompts,
+            mode=Mode.TRAIN,
+            groups_needed=groups_needed,
+            keys=keys,
+            n=self.algo_config.num_generations,
+        )
+
+    def _score_round(self, groups, output):
+        """The reward functions on a round's returned rows, as tunix calls them (the metrics
+        are buffered for the kept rows only, when tunix asks for the rewards)."""
+        fields = group_sampling.join_groups(groups)
+        prompts = list(fields.pop("prompts"))
+        if "mode" in fields:
+            raise ValueError(f"the training input already has a 'mode' field: {sorted(fields)}")
+        return self.reward_manager(
+            prompts=prompts, completions=output.text, mode=str(Mode.TRAIN), **fields
+        )
 
     def _replay_in_loss(self) -> None:
         """Wraps tunix's loss (set by `GRPOLearner.__init__`) so that its forward routes with
@@ -202,7 +332,13 @@ class RolloutGRPOLearner(GRPOLearner):
     def _compute_rewards(self, prompts, completions, mode, **kwargs):
         # Called by tunix between generation and the advantage estimator: the moment to hand
         # the estimator what it cannot receive from tunix (the rollout entropy, for EGPO).
-        rewards = super()._compute_rewards(prompts, completions, mode, **kwargs)
+        kept = getattr(self._batch, "rewards", None)
+        if kept is not None:  # dynamic sampling scored these rows already: no second call
+            self._batch.rewards = None
+            self.rl_cluster.buffer_metrics(kept["log_metrics"], mode=mode)
+            rewards = kept["rewards"]
+        else:
+            rewards = super()._compute_rewards(prompts, completions, mode, **kwargs)
         cfg = self.algo_config
         self.rl_cluster.buffer_metrics(
             metrics.group_metrics(rewards, cfg.num_generations, cfg.pass_threshold), mode=mode
@@ -218,11 +354,19 @@ class RolloutGRPOLearner(GRPOLearner):
         self, training_input, mode: Mode = Mode.TRAIN
     ) -> RolloutTrainExample:
         cfg = self.algo_config
-        self._batch.trainer_logps = None
+        self._batch.trainer_logps = self._batch.rewards = None
         with contextlib.ExitStack() as self._batch.estimator_inputs:
             self._batch.estimator_inputs.enter_context(
                 self.rl_cluster.answering_old_policy(self._old_policy_answer(mode))
             )
+            if mode == Mode.TRAIN and self._sampler is not None:
+                collected = self._sampler.collect(self._sampler.split(training_input))
+                training_input = group_sampling.join_groups(collected.groups)
+                self._batch.rewards = collected.rewards
+                self._batch.estimator_inputs.enter_context(
+                    self.rl_cluster.answering_generate(collected.output)
+                )
+                self.rl_cluster.buffer_metrics(collected.stats.metrics(), mode=mode)
             example = super()._generate_and_compute_advantage(training_input, mode)
         ids, mask, logprobs, entropy = self._rollout_arrays(mode)
         self._batch.routing = self._rollout_routing(example.prompt_ids.shape[1], ids.shape[1])
@@ -255,6 +399,11 @@ class RolloutGRPOLearner(GRPOLearner):
             batch_metrics.update(
                 metrics.correction_metrics(mask, loss_mask, weights, logprobs, trainer, correction)
             )
+        stale = self._older_versions(mask)
+        if stale is not None:
+            batch_metrics.update(self._partial_metrics(mask, stale, logprobs, trainer))
+            if cfg.mask_offpolicy_in_partial_rollout:
+                loss_mask = np.asarray(loss_mask, bool) & ~stale
         if cfg.top_entropy_quantile is not None:
             kept, threshold = forking.top_entropy_mask(entropy, mask, cfg.top_entropy_quantile)
             base = loss_mask.astype(np.float32) if weights is None else np.asarray(weights)
@@ -273,6 +422,38 @@ class RolloutGRPOLearner(GRPOLearner):
             routed_experts=(jnp.asarray(self._batch.routing) if cfg.routing_replay else None),
         )
         return RolloutTrainExample(**fields)
+
+    def _older_versions(self, mask: np.ndarray) -> np.ndarray | None:
+        """`[B, max_tokens]`: the completion tokens an older policy version than the
+        rollout's current one sampled (partial rollouts), None without versions."""
+        versions = getattr(self.rl_cluster.batch_rollout, "versions", None)
+        if versions is None:
+            return None
+        current = self.rl_cluster.rollout.policy_version
+        padded = right_pad_values(versions, mask.shape[1]).astype(np.int64)
+        return (padded < current) & mask
+
+    def _partial_metrics(self, mask, stale, logprobs, trainer) -> metrics.Metrics:
+        """`partial_rollout/*`: the share of completion tokens an older version sampled, the
+        oldest lag, the rollout's paused and dropped groups, and the trainer/rollout gap on
+        the current version's tokens (the ones the current weights sampled)."""
+        rollout = self.rl_cluster.rollout
+        versions = right_pad_values(self.rl_cluster.batch_rollout.versions, mask.shape[1])
+        lag = np.where(mask, rollout.policy_version - versions, 0)
+        out = {
+            "partial_rollout/offpolicy_token_frac": (
+                float(stale.sum() / max(mask.sum(), 1)),
+                np.mean,
+            ),
+            "partial_rollout/max_version_lag": (float(lag.max(initial=0)), np.max),
+            "partial_rollout/paused_groups": (float(rollout.paused_groups), np.mean),
+            "partial_rollout/dropped_stale_groups": (float(rollout.dropped_stale_groups), np.max),
+        }
+        current = mask & ~stale
+        if trainer is not None and logprobs is not None and current.any():
+            gap = np.abs(np.asarray(trainer, np.float64) - np.asarray(logprobs, np.float64))
+            out["partial_rollout/current_logp_abs_diff_max"] = (float(gap[current].max()), np.max)
+        return out
 
     def _rollout_routing(self, prompt_width: int, width: int) -> np.ndarray | None:
         """The last rollout's routed experts in the trainer's input layout, None where the

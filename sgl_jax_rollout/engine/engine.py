@@ -286,20 +286,27 @@ class RolloutEngine:
         """share_group_prefill: every prompt the call holds more than once is prefilled once,
         in a prefill-only request of its own (`max_new_tokens` 0, as upstream's tokenizer
         manager does for `parallel_sample_num`), so that its copies find its KV in the prefix
-        cache and compute only their last prompt token."""
+        cache and compute only their last prompt token.
+
+        They go at most `max_running_requests` (per data-parallel rank) at a time: upstream
+        never merges a prefill-only batch into its running batch (`get_next_batch_to_run`,
+        `scheduler.py:1997`), so with the overlap schedule the request slots of one in flight
+        are not counted when the next prefill batch is admitted, and `alloc_req_slots` runs
+        out of slots (sgl-jax cddbf6f1)."""
         if not self.settings.share_group_prefill or self.settings.disable_radix_cache:
             return
         counts = collections.Counter(map(tuple, input_ids))
         repeated = [list(ids) for ids, count in counts.items() if count > 1]
-        if not repeated:
-            return
-        outputs = self._submit_unrecorded(
-            "shared prompt prefills",
-            input_ids=repeated,
-            sampling_params=[{"max_new_tokens": 0}] * len(repeated),
-            rid=[uuid.uuid4().hex for _ in repeated],
-        )
-        self.prefill_counts.add(outputs, 0)
+        per_submit = max(1, self.settings.max_running_requests // self.settings.dp_size)
+        for start in range(0, len(repeated), per_submit):
+            part = repeated[start : start + per_submit]
+            outputs = self._submit_unrecorded(
+                "shared prompt prefills",
+                input_ids=part,
+                sampling_params=[{"max_new_tokens": 0}] * len(part),
+                rid=[uuid.uuid4().hex for _ in part],
+            )
+            self.prefill_counts.add(outputs, 0)
 
     def _submit_unrecorded(self, what: str, **fields: Any) -> list[dict]:
         """`_submit` for requests the collector does not record (scoring, shared prefills):

@@ -77,6 +77,24 @@ def test_a_groups_prompt_is_prefilled_once_and_the_samples_do_not_change(
         np.testing.assert_allclose(lp[:k], np.asarray(ref[i, :k]), atol=1e-4)
 
 
+def test_more_repeated_prompts_than_running_requests_are_prefilled_in_turns(rollout):
+    """More groups than `max_running_requests` (16 here): upstream keeps a prefill-only batch
+    out of its running batch, so sending every shared prefill at once overran the request
+    slots (`alloc_req_slots runs out of memory`, the engine stopped). Each prompt is still
+    computed at most once (less where a later turn's prompts share a prefix the first cached)."""
+    engine = rollout.engine
+    assert engine.settings.max_running_requests == 16
+    prompts = [f"prompt {i} of a call with many groups" for i in range(20)]
+    flush(rollout)
+    before = engine.prefill_counts.computed
+    out = rollout.generate(prompts, config(max_tokens_to_generate=2, max_prompt_length=32), n=2)
+    unique = sum(map(len, rollout.prompt_token_ids(prompts, 32)))
+    assert len(out.tokens) == 40
+    assert engine.prefill_counts.computed - before <= unique + 40
+    state = pool_state(engine)
+    assert state["running"] == state["waiting"] == 0
+
+
 def test_early_stop_returns_the_first_complete_groups_and_frees_the_rest(rollout):
     """6 groups of 2; groups 0-2 end after 5 tokens, groups 3-5 would run 40. With
     need_groups=3 the call returns after the short groups: those rows equal the free run's
