@@ -152,6 +152,14 @@ def _bench(args: argparse.Namespace) -> int:
         from sgl_jax_rollout_apps.bench import tail
 
         result = tail.run(model_dir=args.model_path, batches=args.runs)
+    elif args.target == "grpo":
+        if _engine_missing():
+            return 2
+        from sgl_jax_rollout_apps.bench import grpo_bench
+
+        result = grpo_bench.run(
+            model_dir=args.model_path, steps=args.steps, real_size_layers=args.real_size_layers
+        )
     elif args.target == "replay":
         if _engine_missing():
             return 2
@@ -695,7 +703,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="benchmarks printing one JSON object")
     bench.add_argument(
         "target",
-        choices=["sampler", "rollout", "weights", "soak", "memory", "replay", "tail"],
+        choices=["sampler", "rollout", "weights", "soak", "memory", "replay", "tail", "grpo"],
         help="sampler: ms per sampling step; rollout: tokens/s of the rollouts; weights: "
         "update_params vs device_put; soak: many mixed requests, every completion checked "
         "(exit 1 on a bad one or on memory growth); memory: the engine's memory released "
@@ -703,10 +711,16 @@ def build_parser() -> argparse.ArgumentParser:
         "trainer logprobs with and without routing replay, and the cost of returning routed "
         "experts (exit 1 if replay leaves a routing difference); tail: GRPO batches with "
         "long-tailed lengths, today's call vs shared group prefill vs over-sampling with "
-        "early stop (exit 1 on a missed target)",
+        "early stop (exit 1 on a missed target); grpo: wall time of whole GRPO steps and "
+        "each phase's share, our rollout vs tunix's own sgl-jax rollout vs VanillaRollout",
     )
     bench.add_argument("--json", action="store_true", help="print compact JSON on one line")
-    bench.add_argument("--steps", type=int, default=20, help="sampler: timed steps (>= 20)")
+    bench.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="sampler: timed steps (>= 20, default 20); grpo: timed GRPO steps (>= 3, default 5)",
+    )
     bench.add_argument(
         "--runs",
         type=int,
@@ -724,7 +738,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--real-size-layers",
         type=int,
         default=2,
-        help="rollout / memory: layers of the second, Qwen3-0.6B-sized model (generated "
+        help="rollout / memory / grpo: layers of the second, Qwen3-0.6B-sized model (generated "
         "offline on first use, 620 MB + 63 MB per layer; 0 skips it)",
     )
     bench.add_argument(
@@ -774,8 +788,12 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    if args.command == "bench" and args.steps < 20:
-        parser.error(f"--steps must be >= 20, got {args.steps}")
+    if args.command == "bench":
+        lowest = 3 if args.target == "grpo" else 20
+        if args.steps is None:
+            args.steps = 5 if args.target == "grpo" else 20
+        if args.steps < lowest:
+            parser.error(f"--steps must be >= {lowest} for bench {args.target}, got {args.steps}")
     if args.command == "bench" and args.runs < 5:
         parser.error(f"--runs must be >= 5, got {args.runs}")
     if args.command == "bench" and not 1 <= args.starts <= args.runs:

@@ -389,7 +389,7 @@ def build_cluster(
         actor=actor,
         critic=critic,
         reference=load_tunix_model(model_path, mesh) if with_reference else None,
-        tokenizer=_pad_safe_tokenizer(model_path, actor),
+        tokenizer=pad_safe_tokenizer(model_path, actor),
         cluster_config=config,
         release_rollout_memory=release,
     )
@@ -415,7 +415,7 @@ def _memory_release(option: str | bool | None, rollout: str, shared: bool) -> st
     return option
 
 
-def _pad_safe_tokenizer(model_path: Path, actor: Any) -> Any:
+def pad_safe_tokenizer(model_path: Path, actor: Any) -> Any:
     """The model's tokenizer with the pad id both rollouts and tunix's learners use
     (`sgl_jax_rollout.pad_id`): never EOS, never an id a prompt holds."""
     from transformers import AutoTokenizer

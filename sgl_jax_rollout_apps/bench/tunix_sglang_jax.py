@@ -1,6 +1,7 @@
 """tunix 0.1.7's own `SglangJaxRollout`, as calls on the rollout benchmark's workloads.
 
-Owns `build` (`columns` builds it in a process of its own: our engine patches are
+Owns `sglang_jax_fields` (tunix's rollout config fields for our engine settings) and `build`
+(`columns` builds it in a process of its own: our engine patches are
 process-wide, and tunix's rollout must run on stock sgl-jax). Same engine settings and the
 weights of the model directory (tunix loads them into its trainer model and syncs them to the
 engine), and tunix's defaults otherwise (overlap scheduling on, as its users run it).
@@ -12,6 +13,31 @@ import functools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+
+def sglang_jax_fields(model_dir: Path, settings: dict) -> dict[str, Any]:
+    """`RolloutConfig`'s `rollout_sglang_jax_*` fields for our engine settings (a dict with
+    every `SETTINGS` key of the rollout benchmark)."""
+    import jax
+
+    return dict(
+        rollout_sglang_jax_model_version=str(model_dir),
+        rollout_sglang_jax_context_length=settings["context_length"],
+        rollout_sglang_jax_disable_radix_cache=settings["disable_radix_cache"],
+        rollout_sglang_jax_precompile_bs_paddings=list(settings["precompile_bs_paddings"]),
+        rollout_sglang_jax_precompile_token_paddings=list(settings["precompile_token_paddings"]),
+        rollout_sglang_jax_page_size=settings["page_size"],
+        rollout_sglang_jax_max_running_requests=settings["max_running_requests"],
+        rollout_sglang_jax_use_sort_for_toppk_minp=False,
+        rollout_sglang_jax_log_level="error",
+        rollout_sglang_jax_kwargs={
+            "max_total_tokens": settings["max_total_tokens"],
+            "max_prefill_tokens": settings["max_prefill_tokens"],
+            "skip_server_warmup": True,
+            "device": jax.default_backend(),
+            "random_seed": 0,
+        },
+    )
 
 
 def build(model_dir: Path, settings: dict, workloads: dict) -> dict[str, Callable[[], Any]]:
@@ -32,22 +58,7 @@ def build(model_dir: Path, settings: dict, workloads: dict) -> dict[str, Callabl
         max_prompt_length=64,
         temperature=1.0,
         top_p=1.0,
-        rollout_sglang_jax_model_version=str(model_dir),
-        rollout_sglang_jax_context_length=settings["context_length"],
-        rollout_sglang_jax_disable_radix_cache=settings["disable_radix_cache"],
-        rollout_sglang_jax_precompile_bs_paddings=list(settings["precompile_bs_paddings"]),
-        rollout_sglang_jax_precompile_token_paddings=list(settings["precompile_token_paddings"]),
-        rollout_sglang_jax_page_size=settings["page_size"],
-        rollout_sglang_jax_max_running_requests=settings["max_running_requests"],
-        rollout_sglang_jax_use_sort_for_toppk_minp=False,
-        rollout_sglang_jax_log_level="error",
-        rollout_sglang_jax_kwargs={
-            "max_total_tokens": settings["max_total_tokens"],
-            "max_prefill_tokens": settings["max_prefill_tokens"],
-            "skip_server_warmup": True,
-            "device": jax.default_backend(),
-            "random_seed": 0,
-        },
+        **sglang_jax_fields(model_dir, settings),
     )
     rollout = SglangJaxRollout(model, tokenizer, mesh, config)
     calls = {}

@@ -1,0 +1,42 @@
+"""`bench grpo`'s arithmetic (a worker's timings to medians, shares and ratios) and its flags;
+the workers themselves train on the engine (run by `sgl-jax-rollout bench grpo`)."""
+
+import pytest
+
+from sgl_jax_rollout_apps.bench.grpo_bench import WORKLOADS, ratios, summary
+
+
+def test_summary_takes_the_median_step_and_each_phases_share_of_the_sum():
+    times = {
+        "step_s": [2.0, 4.0, 3.0],
+        "phases_s": {"rollout": [1.0, 2.0, 1.5], "weight_sync": [0.5, 0.5, 0.5]},
+    }
+    got = summary(times)
+    assert got["step_s_median"] == 3.0
+    assert got["phase_share"]["rollout"] == pytest.approx(4.5 / 9)
+    assert got["phase_share"]["weight_sync"] == pytest.approx(1.5 / 9)
+    assert got["phase_share"]["other"] == pytest.approx(3.0 / 9)
+
+
+def test_ratios_are_each_variants_step_over_ours_and_skip_failed_ones():
+    variants = {
+        "ours_rollout_old": {"step_s_median": 2.0},
+        "vanilla": {"step_s_median": 3.0},
+        "tunix_sglang_jax": {"failed": "TypeError: ..."},
+    }
+    assert ratios(variants) == {"vanilla_over_ours_rollout_old": pytest.approx(1.5)}
+
+
+def test_every_workload_has_the_reference_variant():
+    for passes, variants in WORKLOADS.values():
+        assert passes >= 1 and "ours_rollout_old" in variants
+
+
+@pytest.mark.parametrize(("target", "steps", "lowest"), [("grpo", "2", 3), ("sampler", "19", 20)])
+def test_steps_below_each_targets_floor_exit_2(target, steps, lowest, capsys):
+    from sgl_jax_rollout_apps.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["bench", target, "--steps", steps])
+    assert exited.value.code == 2
+    assert f"--steps must be >= {lowest} for bench {target}" in capsys.readouterr().err
