@@ -9,7 +9,9 @@ the trainer side consumes:
   entropy rides along as `rollout_entropy`.
 - `grpo_batch`: padded arrays for our GRPO path (`RolloutTrainExample`'s fields): left-padded
   prompts, right-padded conversations, the assistant mask as completion mask, and
-  `rollout_logprobs` / `rollout_entropy` with 0.0 outside it.
+  `rollout_logprobs` / `rollout_entropy` with 0.0 outside it; for a MoE whose session returned
+  its routing, `routed_experts` in the trainer's input layout (`routing_replay.input_routing`:
+  -1 at every pad), for routing replay.
 
 The split is the same in both: the prompt is everything before the first sampled token; the
 "completion" is every later token, sampled (mask 1) or environment (mask 0). Padding uses
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import types
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
@@ -28,6 +31,7 @@ import numpy as np
 from jaxtyping import Bool, Float, Int
 
 from sgl_jax_rollout.tunix_compat import TrajectoryItem, left_pad, right_pad
+from tunix_adapter.routing_replay import input_routing
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +43,8 @@ class _Split:
     mask: Int[np.ndarray, " c"]
     logprobs: Float[np.ndarray, " c"]
     entropy: Float[np.ndarray, " c"]
+    prompt_routing: Int[np.ndarray, "p layers k"] | None = None
+    routing: Int[np.ndarray, "c layers k"] | None = None
 
 
 def _split(trajectory: Mapping[str, Sequence], index: int) -> _Split:
@@ -62,12 +68,22 @@ def _split(trajectory: Mapping[str, Sequence], index: int) -> _Split:
         raise ValueError(f"trajectories[{index}] has no sampled token; nothing to train on")
     start = int(np.argmax(mask))
     rest = slice(start, None)
+    routing = trajectory.get("routed_experts")
+    if routing is not None:
+        routing = np.asarray(routing, np.int32)
+        if routing.ndim != 3 or len(routing) != len(tokens):
+            raise ValueError(
+                f"trajectories[{index}]: routed_experts must be [len(token_ids), layers, top_k] "
+                f"= [{len(tokens)}, ...], got shape {routing.shape}"
+            )
     return _Split(
         prompt=tokens[:start],
         tokens=tokens[rest],
         mask=mask[rest].astype(np.int32),
         logprobs=np.where(mask[rest], logprobs[rest], 0.0).astype(np.float32),
         entropy=np.where(mask[rest], entropy[rest], 0.0).astype(np.float32),
+        prompt_routing=None if routing is None else routing[:start],
+        routing=None if routing is None else routing[rest],
     )
 
 
@@ -113,6 +129,7 @@ class SessionBatch:
     completion_mask: Int[np.ndarray, "b c"]
     rollout_logprobs: Float[np.ndarray, "b c"]
     rollout_entropy: Float[np.ndarray, "b c"]
+    routed_experts: Int[np.ndarray, "b p_c layers k"] | None = None  # -1 at pads
 
 
 def grpo_batch(
@@ -169,7 +186,24 @@ def grpo_batch(
         return right_pad(values, max_response_length, pad, dtype=dtype)
 
     prompt_ids = np.stack([left_pad(r.prompt, max_prompt_length, pad_id) for r in rows])
+    routed = [r.routing is not None for r in rows]
+    if any(routed) and not all(routed):
+        raise ValueError(
+            f"trajectories {[i for i, x in enumerate(routed) if not x]} carry no routed_experts "
+            "while others do: export one model's sessions together"
+        )
+    routing = None
+    if all(routed):
+        routing = input_routing(
+            types.SimpleNamespace(
+                routed_experts=[r.routing for r in rows],
+                prompt_routed_experts=[r.prompt_routing for r in rows],
+            ),
+            max_prompt_length,
+            max_response_length,
+        )
     return SessionBatch(
+        routed_experts=routing,
         prompt_ids=prompt_ids,
         prompt_mask=prompt_ids != pad_id,
         completion_ids=np.stack([right(r.tokens, pad_id, np.int32) for r in rows]),

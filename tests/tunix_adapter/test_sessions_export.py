@@ -119,3 +119,53 @@ def test_export_errors_name_the_problem(tokenizer):
         grpo_batch([traj], pad_id=PAD, max_prompt_length=4, max_response_length=0)
     with pytest.raises(ValueError, match="trajectories is empty"):
         grpo_batch([], pad_id=PAD, max_prompt_length=4, max_response_length=4)
+
+
+def with_routing(traj, layers=2, k=2):
+    """The trajectory with synthetic routed experts: token j's experts are (j, layer, slot)
+    coded as 100 * j + 10 * layer + slot, so every row names its token."""
+    j = np.arange(len(traj["token_ids"]))[:, None, None]
+    code = 100 * j + 10 * np.arange(layers)[None, :, None] + np.arange(k)[None, None, :]
+    return dict(traj, routed_experts=code.astype(np.int32))
+
+
+@pytest.mark.parametrize(("prompt_width", "width"), [(4, 16), (2, 5)])
+def test_grpo_batch_lays_session_routing_out_as_the_trainer_input(tokenizer, prompt_width, width):
+    _, trajs = tool_session(tokenizer)
+    batch = grpo_batch(
+        [with_routing(t) for t in trajs],
+        pad_id=PAD,
+        max_prompt_length=prompt_width,
+        max_response_length=width,
+    )
+    routing = batch.routed_experts
+    assert routing.shape == (2, prompt_width + width, 2, 2) and routing.dtype == np.int32
+    ids = np.concatenate([batch.prompt_ids, batch.completion_ids], axis=1)
+    for i, traj in enumerate(trajs):
+        start = int(np.argmax(traj["assistant_mask"]))
+        prompt_len = min(start, prompt_width)
+        completion_len = min(len(traj["token_ids"]) - start, width)
+        for t in range(prompt_width + width):
+            if prompt_width - prompt_len <= t < prompt_width:
+                j = start - (prompt_width - t)  # left-padded prompt, cut from the left
+            elif prompt_width <= t < prompt_width + completion_len:
+                j = start + (t - prompt_width)  # right-padded conversation, cut from the right
+            else:
+                assert np.all(routing[i, t] == -1) and ids[i, t] == PAD
+                continue
+            assert ids[i, t] == traj["token_ids"][j]
+            assert routing[i, t, 1, 0] == 100 * j + 10, (i, t)
+    with pytest.raises(ValueError, match=r"trajectories \[1\] carry no routed_experts"):
+        grpo_batch(
+            [with_routing(trajs[0]), trajs[1]],
+            pad_id=PAD,
+            max_prompt_length=4,
+            max_response_length=4,
+        )
+    bad = dict(trajs[0], routed_experts=np.zeros((3, 2, 2), np.int32))
+    with pytest.raises(ValueError, match=r"routed_experts must be \[len\(token_ids\)"):
+        grpo_batch([bad], pad_id=PAD, max_prompt_length=4, max_response_length=4)
+    assert (
+        grpo_batch(trajs, pad_id=PAD, max_prompt_length=4, max_response_length=4).routed_experts
+        is None
+    )
