@@ -77,7 +77,7 @@ def test_routing_is_returned_per_token_and_per_prompt_and_a_cached_prompt_keeps_
     """Each completion's routing has one row per token (the last -1), each prompt's one per
     prompt token; a prompt served again from the prefix cache returns the routing it was
     computed with, the float32 trainer routes every position as the rollout did, and a
-    session's turns keep the routing aligned with their tokens."""
+    session's turns keep the routing aligned with their tokens, also once exported for training."""
     import jax.numpy as jnp
 
     from sgl_jax_rollout.rollout import SglangJaxRollout
@@ -86,6 +86,7 @@ def test_routing_is_returned_per_token_and_per_prompt_and_a_cached_prompt_keeps_
     from tests.conftest import TEST_SETTINGS
     from tunix_adapter import routing_replay
     from tunix_adapter.models import load_tunix_model
+    from tunix_adapter.sessions import grpo_batch
 
     rollout = SglangJaxRollout(
         model_path=moe_dir, engine_settings=dict(TEST_SETTINGS, return_routed_experts=True)
@@ -154,6 +155,22 @@ def test_routing_is_returned_per_token_and_per_prompt_and_a_cached_prompt_keeps_
             np.testing.assert_array_equal(turn.routed_experts[:earlier], first.routed_experts[:-1])
             (trajectory,) = session.trajectories()
             assert trajectory["routed_experts"] is turn.routed_experts
+        # exported for training, the session's routing sits where the trainer's input puts
+        # each token: the float32 trainer routes every position as the engine did
+        batch = grpo_batch([trajectory], pad_id=pad, max_prompt_length=64, max_response_length=64)
+        _, own = routing_replay.routing_and_logps(
+            trainer,
+            jnp.asarray(batch.prompt_ids),
+            jnp.asarray(batch.completion_ids),
+            None,
+            pad_id=pad,
+            eos_id=rollout.eos_id(),
+            temperature=1.0,
+        )
+        positions = batch.routed_experts[..., 0, 0] >= 0
+        assert positions.sum() == len(turn.tokens) - 1
+        mismatch = routing_replay.mismatch_frac(batch.routed_experts, np.asarray(own), positions)
+        assert mismatch.tolist() == [0.0, 0.0]
     finally:
         rollout.shutdown()
 
