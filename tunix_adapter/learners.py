@@ -25,7 +25,12 @@ Owns `RolloutGRPOConfig` (tunix's `GRPOConfig` plus the settings below) and
   loss's forward and the trainer's scoring of the sampled tokens route every token to them
   (`routing_replay.py`, verl's R3);
 - for `advantage_estimator="egpo"`, hands the think-span entropy of every sample to the
-  registered estimator (`egpo.py`) while tunix computes the advantages.
+  registered estimator (`egpo.py`) while tunix computes the advantages;
+- with `filter_groups`, `over_sampling_batch_size` or a rollout with partial rollouts, fills a
+  training batch in rounds (`group_sampling.py`: DAPO's filter, over-sampling with early
+  stop, paused groups continued), then lets tunix build the example from the kept rows
+  (`RolloutCluster.answering_generate`, the rounds' rewards as `_compute_rewards`' answer);
+  `mask_offpolicy_in_partial_rollout` takes older policy versions' tokens out of the mask.
 
 Everything of one batch (the rollout's result, the trainer's scores, the estimator's inputs,
 the old-policy answer) is kept per thread: tunix produces training batches on its data thread
