@@ -204,6 +204,12 @@ class DemoConfig:
             )
         if self.partial_rollout and self.algo == "ppo":
             raise ValueError("partial_rollout applies to grpo and egpo, not ppo")
+        if self.task is not None and samples_groups(self):
+            raise ValueError(
+                "filter_groups, over_sampling_batch_size and partial_rollout do not run with a "
+                "task yet: a task run times and evaluates its steps by the batches tunix takes, "
+                "and dynamic sampling takes more"
+            )
         if self.routing_replay and (self.algo == "ppo" or self.rollout != "sglang_jax"):
             raise ValueError(
                 "routing_replay applies to grpo and egpo on the sglang_jax rollout (the one that "

@@ -35,6 +35,11 @@ def test_preset_of_another_slice_exits_2_naming_the_device_count(capsys):
         ({"num_generations": 1}, "num_generations"),
         ({"max_tokens": 0}, "max_tokens"),
         ({"learning_rate": 0.0}, "learning_rate"),
+        ({"over_sampling_batch_size": 4, "rollout": "vanilla"}, "over_sampling_batch_size"),
+        ({"partial_rollout": True, "algo": "ppo"}, "partial_rollout"),
+        ({"filter_groups": "verl", "algo": "ppo"}, "filter_groups"),
+        ({"filter_groups": "dapo"}, "filter_groups"),
+        ({"filter_groups": "verl", "task": "arithmetic"}, "do not run with a task"),
     ],
 )
 def test_bad_demo_settings_raise_naming_the_field(kwargs, field):
