@@ -404,9 +404,10 @@ class RolloutGRPOLearner(GRPOLearner):
             batch_metrics.update(
                 metrics.correction_metrics(mask, loss_mask, weights, logprobs, trainer, correction)
             )
-        stale = self._older_versions(mask)
-        if stale is not None:
-            batch_metrics.update(self._partial_metrics(mask, stale, logprobs, trainer))
+        lag = self._version_lag(mask)
+        if lag is not None:
+            stale = lag > 0
+            batch_metrics.update(self._partial_metrics(mask, lag, logprobs, trainer))
             if cfg.mask_offpolicy_in_partial_rollout:
                 loss_mask = np.asarray(loss_mask, bool) & ~stale
         if cfg.top_entropy_quantile is not None:
@@ -428,23 +429,22 @@ class RolloutGRPOLearner(GRPOLearner):
         )
         return RolloutTrainExample(**fields)
 
-    def _older_versions(self, mask: np.ndarray) -> np.ndarray | None:
-        """`[B, max_tokens]`: the completion tokens an older policy version than the
-        rollout's current one sampled (partial rollouts), None without versions."""
+    def _version_lag(self, mask: np.ndarray) -> np.ndarray | None:
+        """`[B, max_tokens]`: how many policy versions behind the rollout's current one each
+        completion token's sampler was (partial rollouts; 0 off the mask), None without
+        versions."""
         versions = getattr(self.rl_cluster.batch_rollout, "versions", None)
         if versions is None:
             return None
-        current = self.rl_cluster.rollout.policy_version
         padded = right_pad_values(versions, mask.shape[1]).astype(np.int64)
-        return (padded < current) & mask
+        return np.where(mask, self.rl_cluster.rollout.policy_version - padded, 0)
 
-    def _partial_metrics(self, mask, stale, logprobs, trainer) -> metrics.Metrics:
+    def _partial_metrics(self, mask, lag, logprobs, trainer) -> metrics.Metrics:
         """`partial_rollout/*`: the share of completion tokens an older version sampled, the
         oldest lag, the rollout's paused and dropped groups, and the trainer/rollout gap on
         the current version's tokens (the ones the current weights sampled)."""
         rollout = self.rl_cluster.rollout
-        versions = right_pad_values(self.rl_cluster.batch_rollout.versions, mask.shape[1])
-        lag = np.where(mask, rollout.policy_version - versions, 0)
+        stale = lag > 0
         out = {
             "partial_rollout/offpolicy_token_frac": (
                 float(stale.sum() / max(mask.sum(), 1)),
