@@ -19,7 +19,13 @@ the engine on the same weights, then checks, on prompts long enough that positio
    tunix (tunix would mask it as padding). Where the tokenizer has a chat template, the
    prompts are chat conversations (a system turn, an exchange, then the long user turn), so
    every turn-closing token is in them; where a prompt holds the pad, the row fails naming
-   the id and no other check runs.
+   the id and no other check runs;
+7. on a mixture of experts, the engine returns its routed experts and the trainer scores with
+   them (routing replay, as training with `routing_replay=True` does): in bfloat16, rounding
+   sends some tokens to another expert (the eighth and ninth of Qwen3-MoE's router are often
+   close), which no tolerance meant for rounding covers. One more row gives the share of
+   positions the trainer routes otherwise without replay (the largest layer's): 0 in float32,
+   where a flip means a fault; reported, not judged, in bfloat16.
 
 Each check gives one row with the measured value, its limit and a verdict; any failed row makes
 the command exit non-zero. The float32 tolerance is 1e-4; a bfloat16 engine gets 0.1 (its
@@ -88,8 +94,10 @@ def verdicts(config: CheckConfig, rollout, trainer, lora: dict | None = None) ->
     the trainer carries qwix adapters and the sync check sends only those, as tunix does."""
     from flax import nnx
 
-    from tunix_adapter.scoring import before_pad, trainer_scores
+    from tunix_adapter import routing_replay
+    from tunix_adapter.scoring import before_pad, replays, trainer_scores
 
+    replay = replays(rollout, trainer)
     tolerance = BF16_TOLERANCE if _engine_dtype(rollout) == "bfloat16" else F32_TOLERANCE
     limit = f"<= {tolerance:g}"
     prompts = _long_prompts(rollout.engine.tokenizer, config.prompts, config.prompt_tokens)
@@ -103,7 +111,7 @@ def verdicts(config: CheckConfig, rollout, trainer, lora: dict | None = None) ->
     def fidelity(temperature: float) -> float:
         out = rollout.generate(prompts, _rollout_config(config, temperature))
         outputs.append(out)
-        reference, _ = trainer_scores(rollout, trainer, out, temperature)
+        reference, _ = trainer_scores(rollout, trainer, out, temperature, replay)
         return max(
             float(np.abs(np.asarray(lp)[:k] - reference[i, :k]).max(initial=0.0))
             for i, (lp, k) in enumerate(
@@ -113,7 +121,7 @@ def verdicts(config: CheckConfig, rollout, trainer, lora: dict | None = None) ->
 
     greedy = rollout.generate(prompts, _rollout_config(config, 1.0), temperature=0.0)
     outputs.append(greedy)
-    _, logits = trainer_scores(rollout, trainer, greedy, 1.0)
+    _, logits = trainer_scores(rollout, trainer, greedy, 1.0, replay)
     argmax = logits.argmax(-1)
     pairs = [
         (np.asarray(t)[:k], argmax[i, :k])
@@ -133,6 +141,21 @@ def verdicts(config: CheckConfig, rollout, trainer, lora: dict | None = None) ->
         diff = fidelity(temperature)
         rows.append(
             Verdict(f"logprob |diff| vs trainer, T={temperature}", diff, limit, diff <= tolerance)
+        )
+    if replay:
+        flipped = float(
+            routing_replay.own_routing_mismatch(
+                trainer, outputs[1], rollout.pad_id(), rollout.eos_id()
+            ).max()
+        )
+        judged = tolerance == F32_TOLERANCE
+        rows.append(
+            Verdict(
+                "MoE: positions routed otherwise without replay",
+                flipped,
+                "== 0" if judged else "reported",
+                flipped == 0 or not judged,
+            )
         )
 
     kind = nnx.LoRAParam if lora else nnx.Param
@@ -276,6 +299,7 @@ def _build(config: CheckConfig):
 
     from sgl_jax_rollout.engine.settings import EngineSettings
     from sgl_jax_rollout.rollout import SglangJaxRollout
+    from tunix_adapter import routing_replay
     from tunix_adapter.cluster import lora_scaling, with_lora
     from tunix_adapter.models import load_tunix_model
 
@@ -301,8 +325,10 @@ def _build(config: CheckConfig):
             precompile_bs_paddings=(batch,),
             max_total_tokens=4 * prefill,
         )
-    settings = settings.replace(**dict(config.engine_settings or {}))
     trainer = load_tunix_model(model_path, mesh)
+    if routing_replay.moe_layers(trainer):  # the trainer scores with the rollout's experts
+        settings = settings.replace(return_routed_experts=True)
+    settings = settings.replace(**dict(config.engine_settings or {}))
     lora = None
     if config.lora_rank:
         lora = {"rank": config.lora_rank, "alpha": 2.0 * config.lora_rank, "seed": config.seed}

@@ -5,8 +5,8 @@ Owns `enable` (gives a model's MoE layers a replay slot), `replaying` (fills the
 forward inside a traced function and empties them after), `routing_and_logps` (one jitted
 trainer forward returning the completions' logprobs and the experts every layer chose, with or
 without replay), `input_routing` (a rollout output's routing as the trainer's input
-`[B, prompt + completion, layers, top_k]`) and `mismatch_frac` (`rollout/routing_mismatch_frac`
-per layer).
+`[B, prompt + completion, layers, top_k]`), `mismatch_frac` (`rollout/routing_mismatch_frac`
+per layer) and `own_routing_mismatch` (that share for a rollout output, as `check` reports it).
 
 How (checked against google-tunix 0.1.7; main at c7d8950f has the same code): tunix's
 `MoELayer.__call__` (`models/qwen3/model.py:735-741`) picks its experts with
@@ -206,3 +206,26 @@ def mismatch_frac(
     differs = np.any(np.sort(rollout, axis=-1) != np.sort(trainer, axis=-1), axis=-1)
     weight = np.asarray(mask, bool)[:, :, None]
     return (differs & weight).sum(axis=(0, 1)) / max(1, int(weight.sum()))
+
+
+def own_routing_mismatch(
+    model: Any, out: Any, pad_id: int, eos_id: int
+) -> Float[np.ndarray, " layers"]:
+    """Per layer, the share of a rollout output's input positions whose experts `model`,
+    routing itself, chooses otherwise than the rollout did."""
+    from sgl_jax_rollout.rollout_inputs import right_pad_ids
+    from tunix_adapter.process_batch import widest
+
+    width = widest(max(1, max(len(t) for t in out.tokens)))
+    prompts = np.asarray(out.left_padded_prompt_tokens)
+    routing = input_routing(out, prompts.shape[1], width)
+    _, used = routing_and_logps(
+        model,
+        jnp.asarray(prompts),
+        jnp.asarray(right_pad_ids(out.tokens, width, pad_id)),
+        None,
+        pad_id=pad_id,
+        eos_id=eos_id,
+        temperature=1.0,
+    )
+    return mismatch_frac(routing, np.asarray(used), routing[..., 0, 0] >= 0)

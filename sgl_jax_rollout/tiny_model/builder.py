@@ -54,8 +54,9 @@ ARCHITECTURES = {
 VOCABULARIES: dict[str, Vocabulary] = {"gemma2": GEMMA, "gemma4": GEMMA4}
 # Architectures only a `--like` replica writes (their checkpoints' layout is their own).
 LIKE_ONLY = {"gemma4": gemma4_replica.ARCHITECTURE, "qwen3_moe": "Qwen3MoeForCausalLM"}
-# The replica's mixture of experts (Qwen3-30B-A3B: 128 experts, 8 per token, 768 wide).
-MOE_EXPERTS, MOE_TOP_K, MOE_INTERMEDIATE = 8, 2, 96
+# The replica's mixture of experts: Qwen3-30B-A3B's 128 experts, 8 per token (where routing
+# flips come from: the eighth and ninth are often close), 96 wide (768 there).
+MOE_EXPERTS, MOE_TOP_K, MOE_INTERMEDIATE = 128, 8, 96
 MIN_VOCAB = 300
 DEFAULT_VOCAB = 1024
 DTYPES = ("float32", "bfloat16")
@@ -215,7 +216,7 @@ LIKE_PRESETS: dict[str, LikePreset] = {
         arch="qwen3_moe",
         hf_repo="Qwen/Qwen3-30B-A3B",
         # Qwen/Qwen3-30B-A3B config.json: every layer sparse, top-k renormalised, no shared
-        # expert; 8 experts, 2 per token, 96 wide at the tiny size.
+        # expert, 128 experts, 8 per token; 96 wide at the tiny size.
         config={
             **_QWEN_BASE,
             "rope_theta": 1000000.0,
@@ -515,7 +516,7 @@ def _random_weights(
 def _experts(prefix: str, hidden: int, normal) -> dict[str, np.ndarray]:
     """A Qwen3-MoE block's tensors: the router (`gate`, `[experts, hidden]`) and each expert's
     SwiGLU MLP, HF's names and `[out, in]` layout. Router logits have a std of ~0.2, flat as a
-    load-balanced router's are, so a token's second and third experts are often close; the
+    load-balanced router's are, so a token's eighth and ninth experts are often close; the
     experts' outputs are three times an MLP's, so which expert serves a token matters: the
     replica shows what a flipped expert does (bfloat16, routing replay) while float32 sides
     still agree on every choice."""

@@ -22,7 +22,7 @@ def test_the_replica_reaches_tunix_with_its_experts(replica):
 
     hf = json.loads((replica / "config.json").read_text())
     config = tunix_model_config(replica)
-    assert (config.num_experts, config.num_experts_per_tok) == (8, 2)
+    assert (config.num_experts, config.num_experts_per_tok) == (128, 8)
     assert config.hidden_dim == hf["moe_intermediate_size"] != hf["intermediate_size"]
     assert not config.use_tied_embedding
 

@@ -11,6 +11,8 @@ import types
 import numpy as np
 import pytest
 
+from sgl_jax_rollout.tiny_model.builder import MOE_EXPERTS, MOE_TOP_K
+
 
 @pytest.fixture(scope="module")
 def moe_model(tmp_path_factory):
@@ -57,7 +59,8 @@ def test_a_replayed_layer_computes_the_forced_experts_mixture(moe_model):
     mlp = routing_replay.moe_layers(moe_model)[0]
     rng = np.random.default_rng(0)
     x = rng.standard_normal((2, 5, 64)).astype(np.float32)
-    forced = np.stack([rng.permutation(8)[:2] for _ in range(10)]).reshape(2, 5, 2)
+    forced = np.stack([rng.permutation(MOE_EXPERTS)[:MOE_TOP_K] for _ in range(10)])
+    forced = forced.reshape(2, 5, MOE_TOP_K)
     forced[1, 4] = -1  # a row of -1: the layer's own choice
     own = np.asarray(mlp(jnp.asarray(x)))
     mlp.routed_experts.set_value(jnp.asarray(forced, jnp.int32))
@@ -66,7 +69,7 @@ def test_a_replayed_layer_computes_the_forced_experts_mixture(moe_model):
     finally:
         mlp.routed_experts.set_value(jnp.zeros((0,), jnp.int32))
     probs = x.astype(np.float64) @ np.asarray(mlp.router.kernel.value, np.float64)
-    own_top = np.argsort(-probs, axis=-1)[..., :2]
+    own_top = np.argsort(-probs, axis=-1)[..., :MOE_TOP_K]
     expected_experts = np.where(forced >= 0, forced, own_top)
     expected = _numpy_moe(mlp, x, expected_experts)
     np.testing.assert_allclose(replayed, expected, atol=2e-5, rtol=1e-4)
@@ -86,13 +89,13 @@ def test_replay_of_the_own_routing_changes_nothing_and_another_routing_does(moe_
     completions = jnp.asarray(rng.integers(10, 1000, (2, 5)), jnp.int32)
     kwargs = dict(pad_id=0, eos_id=2, temperature=1.0)
     own, used = routing_replay.routing_and_logps(moe_model, prompts, completions, None, **kwargs)
-    assert used.shape == (2, 11, 2, 2)
+    assert used.shape == (2, 11, 2, MOE_TOP_K)
     same, used_again = routing_replay.routing_and_logps(
         moe_model, prompts, completions, used, **kwargs
     )
     np.testing.assert_array_equal(np.asarray(used_again), np.asarray(used))
     np.testing.assert_allclose(np.asarray(same), np.asarray(own), atol=1e-6)
-    shifted = (used + 1) % 8
+    shifted = (used + 1) % MOE_EXPERTS
     other, used_other = routing_replay.routing_and_logps(
         moe_model, prompts, completions, shifted, **kwargs
     )

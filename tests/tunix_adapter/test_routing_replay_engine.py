@@ -15,6 +15,7 @@ import dataclasses
 import numpy as np
 import pytest
 
+from sgl_jax_rollout.tiny_model.builder import MOE_EXPERTS, MOE_TOP_K
 from tests.tunix_adapter.training_helpers import changed, engine_config, train_and_capture
 
 pytestmark = pytest.mark.engine
@@ -44,20 +45,20 @@ def test_grpo_with_routing_replay_uses_the_rollouts_experts(moe_dir):
     example = examples[-1]
     routed = np.asarray(example.routed_experts)
     prompts, completions = np.asarray(example.prompt_ids), np.asarray(example.completion_ids)
-    assert routed.shape == (len(prompts), prompts.shape[1] + completions.shape[1], 2, 2)
+    assert routed.shape == (len(prompts), prompts.shape[1] + completions.shape[1], 2, MOE_TOP_K)
     pad = cluster.rollout.pad_id()
     # -1 exactly at the pads and at each completion's last token (never an input)
     missing = np.concatenate([prompts, completions], axis=1) == pad
     last = prompts.shape[1] + (completions != pad).sum(axis=1) - 1
     missing[np.arange(len(last)), last] = True
     np.testing.assert_array_equal(routed[..., 0, 0] < 0, missing)
-    assert np.all((routed[~missing] >= 0) & (routed[~missing] < 8))
+    assert np.all((routed[~missing] >= 0) & (routed[~missing] < MOE_EXPERTS))
 
     # the loss reads the example's experts: the same example with others gives another loss
     model = cluster.actor_trainer.model
     loss_fn = cluster.actor_trainer.loss_fn
     algo = cluster.actor_trainer.gen_model_input_fn(example)["algo_config"]
-    shifted = jnp.where(jnp.asarray(routed) >= 0, (jnp.asarray(routed) + 1) % 8, -1)
+    shifted = jnp.where(jnp.asarray(routed) >= 0, (jnp.asarray(routed) + 1) % MOE_EXPERTS, -1)
     loss = _loss(loss_fn(model, example, algo))
     other = _loss(loss_fn(model, dataclasses.replace(example, routed_experts=shifted), algo))
     assert abs(other - loss) > 1e-4, (loss, other)
@@ -116,9 +117,9 @@ def test_routing_is_returned_per_token_and_per_prompt_and_a_cached_prompt_keeps_
                 out.left_padded_prompt_tokens,
                 strict=True,
             ):
-                assert routed.shape == (len(tokens), 2, 2) and routed.dtype == np.int32
+                assert routed.shape == (len(tokens), 2, MOE_TOP_K) and routed.dtype == np.int32
                 assert (routed[-1] == -1).all() and (routed[:-1] >= 0).all()
-                assert prompt_routed.shape == (int((np.asarray(padded) != pad).sum()), 2, 2)
+                assert prompt_routed.shape == (int((np.asarray(padded) != pad).sum()), 2, MOE_TOP_K)
         for a, b in zip(first.prompt_routed_experts, second.prompt_routed_experts, strict=True):
             np.testing.assert_array_equal(a, b)
 
@@ -148,7 +149,7 @@ def test_routing_is_returned_per_token_and_per_prompt_and_a_cached_prompt_keeps_
             (first,) = session.chat([{"role": "user", "content": "tell me a story"}])
             (turn,) = session.chat_extend(first, [{"role": "user", "content": "again"}])
             for node in (first, turn):
-                assert node.routed_experts.shape == (len(node.tokens), 2, 2)
+                assert node.routed_experts.shape == (len(node.tokens), 2, MOE_TOP_K)
                 assert (node.routed_experts[-1] == -1).all()
                 assert (node.routed_experts[:-1] >= 0).all()
             earlier = len(first.tokens) - 1
@@ -185,3 +186,20 @@ def test_a_dense_model_refuses_routed_experts_before_the_engine_starts(tiny_dir)
             model_path=tiny_dir, engine_settings=dict(TEST_SETTINGS, return_routed_experts=True)
         )
     assert patches.current() is None
+
+
+def test_check_passes_a_bfloat16_moe_by_scoring_with_the_rollouts_experts(tmp_path):
+    """`check` on the bfloat16 replica (the checkpoint's dtype): rounding sends some positions
+    to another expert (the row without replay is above 0), which alone would fail the
+    logprob rows; scored with the rollout's experts, every row passes."""
+    from sgl_jax_rollout.tiny_model import make_tiny_model
+    from tunix_adapter import check
+
+    model_dir = make_tiny_model(tmp_path / "moe", like="qwen3-30b-a3b")
+    rows = check.run(
+        check.CheckConfig(model_path=str(model_dir), prompts=1, prompt_tokens=600, max_tokens=16)
+    )
+    by_name = {row.check: row for row in rows}
+    assert by_name["MoE: positions routed otherwise without replay"].value > 0
+    failed = [f"{row.check}: {row.value:.3g} (limit {row.limit})" for row in rows if not row.ok]
+    assert not failed, "; ".join(failed)

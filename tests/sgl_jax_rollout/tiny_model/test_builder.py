@@ -190,8 +190,8 @@ REAL = {
         },
         {"temperature": 0.6, "top_k": 20, "top_p": 0.95, "do_sample": True},
     ),
-    # Qwen/Qwen3-30B-A3B's config.json, its MoE keys at their real values but the expert
-    # count, top-k and width (128, 8, 768 there).
+    # Qwen/Qwen3-30B-A3B's config.json, its MoE keys at their real values but the experts'
+    # width (768 there).
     "qwen3-30b-a3b": (
         {
             "architectures": ["Qwen3MoeForCausalLM"],
@@ -206,8 +206,8 @@ REAL = {
             "decoder_sparse_step": 1,
             "mlp_only_layers": [],
             "norm_topk_prob": True,
-            "num_experts": 8,
-            "num_experts_per_tok": 2,
+            "num_experts": 128,
+            "num_experts_per_tok": 8,
             "moe_intermediate_size": 96,
             "output_router_logits": False,
             "router_aux_loss_coef": 0.001,
