@@ -1,8 +1,8 @@
 """Partial rollouts: groups paused when a step has enough, continued after a weight update.
 
-Owns `Member` (one sample so far: tokens, their logprobs and entropy, and the policy version
-that sampled each token), `Group` (a prompt's samples, under the caller's key) and
-`PausedGroups`, the rollout's buffer between calls:
+Owns `Member` (one sample so far: tokens, their logprobs and entropy, the policy version that
+sampled each token, and its own length limit where the caller gave one), `Group` (a prompt's
+samples, under the caller's key) and `PausedGroups`, the rollout's buffer between calls:
 
 - `pause` keeps a group that was not needed (its unfinished samples were aborted in the
   engine, their KV freed);
@@ -34,11 +34,16 @@ class Member:
     entropy: list[float] = dataclasses.field(default_factory=list)
     versions: list[int] = dataclasses.field(default_factory=list)
     done: bool = False  # ended for real: a stop id or the length limit
+    limit: int | None = None  # its own max new tokens, where the caller gave one
+
+    def budget(self, limit: int) -> int:
+        """Its max new tokens in a call whose limit is `limit`: its own, never above."""
+        return limit if self.limit is None else min(self.limit, limit)
 
     def request(self, prompt: list[int], limit: int) -> tuple[list[int], int, int]:
         """(ids, max new tokens, seed) that continue this sample."""
         seed = (self.seed + _SEED_STRIDE * len(self.tokens)) & _SEED_MASK
-        return prompt + self.tokens, limit - len(self.tokens), seed
+        return prompt + self.tokens, self.budget(limit) - len(self.tokens), seed
 
     def extend(self, completion: Any, version: int, limit: int) -> None:
         """Appends what the engine sampled for it (a `Completion`) under `version`."""
@@ -49,7 +54,7 @@ class Member:
         self.versions += [version] * len(new)
         reason = completion.finish_reason
         aborted = isinstance(reason, dict) and reason.get("type") == "abort"
-        self.done = not aborted or len(self.tokens) >= limit
+        self.done = not aborted or len(self.tokens) >= self.budget(limit)
 
 
 @dataclasses.dataclass(eq=False)  # groups are told apart by identity

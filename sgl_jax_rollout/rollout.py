@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -143,6 +143,7 @@ class SglangJaxRollout(BaseRollout):
         rollout_config: RolloutConfig,
         groups_needed: int,
         keys: list[Any] | None = None,
+        max_tokens_per_sample: Sequence[int] | None = None,
         **kwargs: Any,
     ) -> tuple[RolloutOutputWithEntropy, list[Any]]:
         """Over-sampling with early stop: samples `n` completions of every prompt (a group)
@@ -154,6 +155,9 @@ class SglangJaxRollout(BaseRollout):
         `prompts[i]` (default: its index). With partial rollouts a kept group may come from an
         earlier call, under the key that call gave it: give keys that tell calls apart; and
         `prompts` may be empty while groups are paused (the call continues those alone).
+        `max_tokens_per_sample`: each new sample's own max new tokens (`len(prompts) * n`
+        integers in [1, `max_tokens_to_generate`], a group's samples adjacent); a paused
+        sample keeps its own across calls, capped by each call's limit.
 
         Early stop favours the groups that finish first, so short completions: the bias every
         over-sampling stack accepts for the wait it saves."""
@@ -161,8 +165,12 @@ class SglangJaxRollout(BaseRollout):
         if len(keys) != len(prompts):
             raise ValueError(f"keys has {len(keys)} entries for {len(prompts)} prompts")
         if self._partial_rollout:
-            return self._generate_partial(prompts, rollout_config, groups_needed, keys, kwargs)
-        output, kept = self._generate(prompts, rollout_config, groups_needed, kwargs)
+            return self._generate_partial(
+                prompts, rollout_config, groups_needed, keys, max_tokens_per_sample, kwargs
+            )
+        output, kept = self._generate(
+            prompts, rollout_config, groups_needed, kwargs, max_tokens_per_sample
+        )
         return output, [keys[i] for i in kept]
 
     @property
@@ -193,16 +201,18 @@ class SglangJaxRollout(BaseRollout):
         rollout_config: RolloutConfig,
         groups_needed: int | None,
         kwargs: dict[str, Any],
+        max_tokens_per_sample: Sequence[int] | None = None,
     ) -> tuple[RolloutOutputWithEntropy, list[int]]:
         prompts = inputs.prompt_list(prompts)
-        options, _, max_prompt = self._policy.call(rollout_config, kwargs)
+        options, limit, max_prompt = self._policy.call(rollout_config, kwargs)
+        limits = inputs.sample_limits(max_tokens_per_sample, len(prompts) * options.n, limit)
         seeds = self._policy.seeds(rollout_config.seed, len(prompts), options.n)
         prompt_ids = self.prompt_token_ids(prompts, max_prompt)
         self._policy.refuse_pad(prompt_ids)
         rows = [ids for ids in prompt_ids for _ in range(options.n)]
         groups = None if groups_needed is None else [i // options.n for i in range(len(rows))]
         completions, hold_back = self._policy.sample(
-            rows, seeds, options, rollout_config, groups, groups_needed
+            rows, seeds, options, rollout_config, groups, groups_needed, limits=limits
         )
         kept = sorted({i // options.n for i, c in enumerate(completions) if c is not None})
         rows = [r for r, c in zip(rows, completions, strict=True) if c is not None]
@@ -227,6 +237,7 @@ class SglangJaxRollout(BaseRollout):
         rollout_config: RolloutConfig,
         groups_needed: int,
         keys: list[Any],
+        max_tokens_per_sample: Sequence[int] | None,
         kwargs: dict[str, Any],
     ) -> tuple[RolloutOutputWithEntropy, list[Any]]:
         """`generate_groups` with partial rollouts: the paused groups (continued first) and
@@ -235,6 +246,7 @@ class SglangJaxRollout(BaseRollout):
         prompts = inputs.prompt_list(prompts) if len(prompts) or not len(self._paused) else []
         options, limit, max_prompt = self._policy.call(rollout_config, kwargs)
         _check_partial_options(options)
+        limits = inputs.sample_limits(max_tokens_per_sample, len(prompts) * options.n, limit)
         seeds = self._policy.seeds(rollout_config.seed, len(prompts), options.n)
         prompt_ids = self.prompt_token_ids(prompts, max_prompt)
         self._policy.refuse_pad(prompt_ids)
@@ -246,7 +258,9 @@ class SglangJaxRollout(BaseRollout):
             )
         resumed = self._paused.resume(self.policy_version, self._max_staleness)
         groups = resumed + [
-            Group(keys[i], ids, [Member(seeds[i * options.n + j]) for j in range(options.n)])
+            Group(
+                keys[i], ids, [_member(i * options.n + j, seeds, limits) for j in range(options.n)]
+            )
             for i, ids in enumerate(prompt_ids)
         ]
         if len(groups) < groups_needed:
@@ -256,7 +270,7 @@ class SglangJaxRollout(BaseRollout):
                 f"max_staleness={self._max_staleness} versions only {len(groups)} remain"
             )
         for member in (m for g in groups for m in g.members):
-            member.done = member.done or len(member.tokens) >= limit
+            member.done = member.done or len(member.tokens) >= member.budget(limit)
         ready = sum(g.complete for g in groups)
         hold_back: list[int] = []
         if ready < groups_needed:
@@ -432,6 +446,11 @@ def _check_partial(partial_rollout: bool, max_staleness: int, settings: EngineSe
             "partial_rollout cannot be combined with return_routed_experts: a continued "
             "sample's earlier routing would be recomputed under new weights"
         )
+
+
+def _member(k: int, seeds: list[int], limits: list[int] | None) -> Member:
+    """Sample `k` of a call's new groups: its seed and its own limit, where given."""
+    return Member(seeds[k], limit=None if limits is None else limits[k])
 
 
 def _check_partial_options(options: SamplingOptions) -> None:

@@ -182,6 +182,30 @@ def completion_rows(
     return rows
 
 
+def sample_limits(limits: Sequence[int] | None, samples: int, max_new: int) -> list[int] | None:
+    """Each sample's own max new tokens (`generate_groups`' `max_tokens_per_sample`), checked:
+    one integer in [1, `max_new`] per sample; None stays None (every sample has the call's)."""
+    if limits is None:
+        return None
+    limits = list(limits)
+    if len(limits) != samples:
+        raise ValueError(
+            f"max_tokens_per_sample has {len(limits)} entries for {samples} samples "
+            "(prompts x n, a group's samples adjacent)"
+        )
+    for i, value in enumerate(limits):
+        if not isinstance(value, int | np.integer) or isinstance(value, bool):
+            ok = False
+        else:
+            ok = 1 <= value <= max_new
+        if not ok:
+            raise ValueError(
+                f"max_tokens_per_sample[{i}] must be an integer in [1, {max_new}] "
+                f"(max_tokens_to_generate), got {value!r}"
+            )
+    return [int(v) for v in limits]
+
+
 def prompt_list(prompts: Any) -> list[str]:
     """`generate`'s prompts as a list of strings (tunix's PPO learner passes a numpy array);
     raises ValueError naming what is wrong."""

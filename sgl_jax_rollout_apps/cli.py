@@ -151,7 +151,9 @@ def _bench(args: argparse.Namespace) -> int:
             return 2
         from sgl_jax_rollout_apps.bench import tail
 
-        result = tail.run(model_dir=args.model_path, batches=args.runs)
+        result = tail.run(
+            model_dir=args.model_path, batches=args.runs, group_prefill=not args.no_group_prefill
+        )
     elif args.target == "grpo":
         if _engine_missing():
             return 2
@@ -709,10 +711,11 @@ def build_parser() -> argparse.ArgumentParser:
         "(exit 1 on a bad one or on memory growth); memory: the engine's memory released "
         "and resumed (exit 1 on a missed target); replay: a MoE's bfloat16 rollout vs float32 "
         "trainer logprobs with and without routing replay, and the cost of returning routed "
-        "experts (exit 1 if replay leaves a routing difference); tail: GRPO batches with "
-        "long-tailed lengths, today's call vs shared group prefill vs over-sampling with "
-        "early stop (exit 1 on a missed target); grpo: wall time of whole GRPO steps and "
-        "each phase's share, our rollout vs tunix's own sgl-jax rollout vs VanillaRollout",
+        "experts (exit 1 if replay leaves a routing difference or cuts the mean gap < 5x); "
+        "tail: GRPO batches with long-tailed lengths, today's call vs shared group prefill "
+        "vs over-sampling with early stop (exit 1 on a missed target); grpo: wall time of "
+        "whole GRPO steps and each phase's share, our rollout vs tunix's own sgl-jax "
+        "rollout vs VanillaRollout",
     )
     bench.add_argument("--json", action="store_true", help="print compact JSON on one line")
     bench.add_argument(
@@ -740,6 +743,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=2,
         help="rollout / memory / grpo: layers of the second, Qwen3-0.6B-sized model (generated "
         "offline on first use, 620 MB + 63 MB per layer; 0 skips it)",
+    )
+    bench.add_argument(
+        "--no-group-prefill",
+        action="store_true",
+        help="tail: skip the 16 x 8 x 1,000-token prefill figure (its unshared half takes most "
+        "of an hour on CPU)",
     )
     bench.add_argument(
         "--starts",

@@ -9,18 +9,30 @@ prefix cache flushed before each variant:
 - `generate`: today's call without sharing (`share_group_prefill=False`);
 - `shared_prefill`: the same call, a group's prompt prefilled once;
 - `over_sample`: `ceil(groups * (1 + r))` groups submitted (the next prompts of the data, same
-  length law), the call returning once `groups` groups are complete and aborting the rest.
+  length law), the call returning once `groups` groups are complete and aborting the rest;
+- `partial_rollout`: the same number of groups per call through `generate_groups` on a
+  rollout with `partial_rollout=True`, the groups paused by the last batch first (slime's
+  buffer-first order) and new prompts after them; the rest of the call is paused, not
+  aborted, and continued by the next batch after a weight update (the same weights, which
+  flushes the prefix cache and moves the policy version, as a training step does). Each
+  sample keeps its own drawn length across calls (`max_tokens_per_sample`); a continued
+  sample's prompt and tokens so far are prefilled again under the new weights, so its prefill
+  tokens per unique prompt token (of the batch's new prompts) exceed 1. Its time includes the
+  rollout's own work around the engine call (tokenizing, the output's layout).
 
 Reported per variant: wall time per batch, groups per second, decode steps run, mean running
 batch per decode step, prefill tokens the engine computed (`RolloutEngine.prefill_counts`)
 per unique prompt token; `ratios` to `generate`, and over-sampling to shared prefill (what
-early stop adds alone). `ok`: over-sampling >= 1.3x `generate` in groups per second and shared
-prefill <= 1.1x the unique prompt tokens. On CPU the prefill's cost grows with its padded
-token bucket times the KV pool (native attention), so shared prefill saves more time here than
-it would with flash attention; the token counts carry over, the seconds do not.
+early stop adds alone). `ok`: over-sampling and partial rollouts each >= 1.3x `generate` in
+groups per second and shared prefill <= 1.1x the unique prompt tokens. On CPU the prefill's
+cost grows with its padded token bucket times the KV pool (native attention), so shared
+prefill saves more time here than it would with flash attention; the token counts carry over,
+the seconds do not.
 
 `group_prefill` is point 1's measurement on its own: 16 prompts x n = 8 of 1,000 tokens, one
-new token each, prefill tokens computed per unique prompt token with sharing off and on.
+new token each, prefill tokens computed per unique prompt token with sharing off and on
+(`group_prefill=False` skips it: its unshared half takes most of an hour on CPU; `ok` then
+reads the speedups alone).
 
 The KV pool is sized to the workloads (`SETTINGS`): on CPU, sgl-jax's native attention reads
 the whole pool at every step, so a larger pool only slows every variant alike.
@@ -63,12 +75,13 @@ def run(
     max_tokens: int = 256,
     over_sample_rate: float = 0.25,
     batches: int = 4,
+    group_prefill: bool = True,
 ) -> dict[str, Any]:
     from sgl_jax_rollout.rollout import SglangJaxRollout
     from sgl_jax_rollout.tiny_model import default_model_dir
 
     model_dir = Path(model_dir) if model_dir is not None else default_model_dir()
-    rollout = SglangJaxRollout(model_path=model_dir, engine_settings=SETTINGS)
+    rollout = SglangJaxRollout(model_path=model_dir, engine_settings=SETTINGS, partial_rollout=True)
     try:
         engine = rollout.engine
         spy = _StepSpy(engine.model_runner)
@@ -77,26 +90,35 @@ def run(
             "generate": (False, groups, None),
             "shared_prefill": (True, groups, None),
             "over_sample": (True, submitted, groups),
+            "partial_rollout": (True, submitted, groups),
         }
         totals = {name: _Totals() for name in plan}
         progress = tqdm(total=(batches + 1) * len(plan), desc="bench tail", file=sys.stderr)
         for batch in range(-1, batches):  # batch -1 warms up (compiles), untimed
-            rows, specs, limits, unique = _batch(rollout, submitted, n, max_tokens, batch + 1)
+            texts, rows, specs, limits, unique = _batch(
+                rollout, submitted, n, max_tokens, batch + 1
+            )
             for name, (share, count, need) in plan.items():
                 progress.set_postfix_str(f"batch {batch + 1}, {name}")
                 take = count * n
-                _flush(rollout, share)
+                _flush(rollout, share, new_version=name == "partial_rollout")
                 spy.reset()
                 before = engine.prefill_counts.computed
                 started = time.perf_counter()
-                out = engine.generate(
-                    rows[:take],
-                    specs[:take],
-                    limits[:take],
-                    ignore_eos=[True] * take,
-                    groups=None if need is None else [i // n for i in range(take)],
-                    need_groups=need,
-                )
+                if name == "partial_rollout":
+                    count = count - len(rollout.paused_keys)  # new prompts after the paused
+                    out = _partial_call(
+                        rollout, texts[:count], limits[: count * n], n, need, max_tokens, batch
+                    )
+                else:
+                    out = engine.generate(
+                        rows[:take],
+                        specs[:take],
+                        limits[:take],
+                        ignore_eos=[True] * take,
+                        groups=None if need is None else [i // n for i in range(take)],
+                        need_groups=need,
+                    )
                 wall = time.perf_counter() - started
                 if sum(c is not None for c in out) != groups * n:
                     raise RuntimeError(f"{name}: {groups} complete groups expected")
@@ -114,10 +136,11 @@ def run(
             if name != "generate"
         }
         # What early stop adds on its own: both variants share the prefill.
-        ratios["over_sample_vs_shared_prefill"] = round(
-            variants["over_sample"]["groups_per_s"] / variants["shared_prefill"]["groups_per_s"], 3
-        )
-        prefill = _group_prefill(rollout)
+        for name in ("over_sample", "partial_rollout"):
+            ratios[f"{name}_vs_shared_prefill"] = round(
+                variants[name]["groups_per_s"] / variants["shared_prefill"]["groups_per_s"], 3
+            )
+        prefill = _group_prefill(rollout) if group_prefill else None
         return {
             "model": str(model_dir),
             "engine_settings": SETTINGS,
@@ -134,36 +157,65 @@ def run(
             "variants": variants,
             "ratios": ratios,
             "group_prefill": prefill,
-            "partial_rollout": "not built yet (issue 43 point 3)",
+            "paused_groups_at_end": rollout.paused_groups,
+            "dropped_stale_groups": rollout.dropped_stale_groups,
             "ok": ratios["over_sample_vs_generate"] >= TARGET_SPEEDUP
-            and prefill["shared"]["per_unique_token"] <= TARGET_PREFILL,
+            and ratios["partial_rollout_vs_generate"] >= TARGET_SPEEDUP
+            and (prefill is None or prefill["shared"]["per_unique_token"] <= TARGET_PREFILL),
         }
     finally:
         rollout.shutdown()
 
 
 def _batch(rollout, groups: int, n: int, max_tokens: int, seed: int):
-    """Rows (a group's n copies adjacent), seeded specs, per-row lengths and each group's
-    unique prompt tokens, for batch `seed`."""
+    """Prompt texts, rows (a group's n copies adjacent), seeded specs, per-row lengths and each
+    group's unique prompt tokens, for batch `seed`."""
     from sgl_jax_rollout.engine.rows import RequestSpec
     from sgl_jax_rollout.sampling.options import SamplingOptions
     from sgl_jax_rollout_apps.bench.workloads import prompts
 
     rng = np.random.default_rng(seed)
     texts = prompts(rollout.engine.tokenizer, groups, (PROMPT_TOKENS, PROMPT_TOKENS), seed)
-    ids = rollout.prompt_token_ids([f"{seed}.{g} {t}" for g, t in enumerate(texts)], 1024)
+    texts = [f"{seed}.{g} {t}" for g, t in enumerate(texts)]
+    ids = rollout.prompt_token_ids(texts, 1024)
     rows = [p for p in ids for _ in range(n)]
     specs = [
         RequestSpec(SamplingOptions(seed=seed * 10_000 + i, temperature=1.0))
         for i in range(len(rows))
     ]
-    return rows, specs, completion_lengths(rng, len(rows), max_tokens), [len(p) for p in ids]
+    lengths = completion_lengths(rng, len(rows), max_tokens)
+    return texts, rows, specs, lengths, [len(p) for p in ids]
 
 
-def _flush(rollout, share: bool) -> None:
-    """Empties the prefix cache (a weight update of the same weights) and sets sharing."""
+def _partial_call(
+    rollout, texts, limits, n: int, need: int, max_tokens: int, batch: int
+) -> list[Any]:
+    """One partial-rollout batch: the paused groups, then `texts`' groups; its samples."""
+    from sgl_jax_rollout.tunix_compat import RolloutConfig
+
+    config = RolloutConfig(
+        max_tokens_to_generate=max_tokens,
+        max_prompt_length=SETTINGS["context_length"] - max_tokens,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=None,
+        seed=batch + 1,
+    )
+    keys = [(batch, g) for g in range(len(texts))]
+    out, _ = rollout.generate_groups(
+        texts, config, need, keys, n=n, ignore_eos=True, max_tokens_per_sample=limits
+    )
+    return list(out.tokens)
+
+
+def _flush(rollout, share: bool, new_version: bool = False) -> None:
+    """Empties the prefix cache (a weight update of the same weights) and sets sharing;
+    `new_version`: through the rollout, which moves its policy version as training does."""
     engine = rollout.engine
-    engine.update_weights(engine.engine_state())
+    if new_version:
+        rollout.update_params(engine.engine_state())
+    else:
+        engine.update_weights(engine.engine_state())
     engine.settings = engine.settings.replace(share_group_prefill=share)
 
 

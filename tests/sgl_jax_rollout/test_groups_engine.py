@@ -156,6 +156,44 @@ def test_generate_groups_keeps_whole_groups_in_prompt_order(rollout):
         assert set(row[: len(row) - len(ids)]) <= {rollout.pad_id()}
 
 
+def test_each_sample_stops_at_its_own_limit_and_keeps_it_when_paused(rollout, monkeypatch):
+    """`max_tokens_per_sample` with EOS ignored: every returned sample is exactly its own
+    length, with early stop, and with partial rollouts across two calls (the paused samples,
+    aborted mid-way, keep their own limit when continued)."""
+    cfg = config(max_tokens_to_generate=12, seed=5)
+    limits = [1, 5, 2, 6, 3, 4]
+    out, kept = rollout.generate_groups(
+        ["a", "b", "c"], cfg, 3, n=2, ignore_eos=True, max_tokens_per_sample=limits
+    )
+    assert kept == [0, 1, 2] and [len(t) for t in out.tokens] == limits
+    out, kept = rollout.generate_groups(
+        ["a", "b", "c"], cfg, 1, n=2, ignore_eos=True, max_tokens_per_sample=limits
+    )
+    assert kept == [2] and [len(t) for t in out.tokens] == [3, 4]  # the first group done
+    monkeypatch.setattr(rollout, "_partial_rollout", True)
+    monkeypatch.setattr(rollout, "_paused", PausedGroups())
+    try:
+        limits = [2, 3, 9, 12, 3, 11]
+        out1, kept1 = rollout.generate_groups(
+            ["d", "e", "f"],
+            cfg,
+            1,
+            ["d", "e", "f"],
+            n=2,
+            ignore_eos=True,
+            max_tokens_per_sample=limits,
+        )
+        assert kept1 == ["d"] and [len(t) for t in out1.tokens] == [2, 3]
+        assert rollout.paused_groups == 2
+        out2, kept2 = rollout.generate_groups([], cfg, 2, [], n=2, ignore_eos=True)
+        own = {"e": [9, 12], "f": [3, 11]}
+        assert sorted(kept2) == ["e", "f"]
+        for g, key in enumerate(kept2):
+            assert [len(t) for t in out2.tokens[2 * g : 2 * g + 2]] == own[key]
+    finally:
+        rollout._paused.clear()
+
+
 @pytest.mark.parametrize(
     "bad, match",
     [

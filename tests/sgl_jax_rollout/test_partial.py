@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 
 from sgl_jax_rollout.engine.settings import EngineSettings
 from sgl_jax_rollout.partial import Group, Member, PausedGroups
 from sgl_jax_rollout.rollout import _check_partial, _check_partial_options
+from sgl_jax_rollout.rollout_inputs import sample_limits
 from sgl_jax_rollout.sampling.options import SamplingOptions
 
 
@@ -39,6 +41,38 @@ def test_a_member_continues_where_it_stopped_with_its_versions_and_a_moved_seed(
     full = Member(seed=0)
     full.extend(Done([1] * 4, [0.0] * 4, [0.0] * 4, ABORT), version=0, limit=4)
     assert full.done  # aborted on its last token: nothing left to sample
+
+
+def test_a_member_with_its_own_limit_stops_there_and_never_above_the_calls():
+    m = Member(seed=0, limit=3)
+    assert m.budget(10) == 3 and m.budget(2) == 2
+    assert m.request([1], 10)[1] == 3
+    m.extend(Done([5, 6], [0.0] * 2, [0.0] * 2, ABORT), version=0, limit=10)
+    assert not m.done and m.request([1], 10) == ([1, 5, 6], 1, m.request([1], 10)[2])
+    m.extend(Done([7], [0.0], [0.0], ABORT), version=1, limit=10)
+    assert m.done  # aborted on its own last token
+    assert Member(seed=0).budget(10) == 10  # none of its own: the call's
+
+
+@pytest.mark.parametrize(
+    ("limits", "match"),
+    [
+        ([2, 3, 4], r"has 3 entries for 4 samples"),
+        ([2, 0, 4, 1], r"max_tokens_per_sample\[1\] must be an integer in \[1, 8\]"),
+        ([2, 9, 4, 1], r"max_tokens_per_sample\[1\] must be an integer in \[1, 8\]"),
+        ([2, 3.0, 4, 1], r"max_tokens_per_sample\[1\] must be an integer"),
+        ([True, 3, 4, 1], r"max_tokens_per_sample\[0\] must be an integer"),
+    ],
+)
+def test_bad_per_sample_limits_raise_by_name(limits, match):
+    with pytest.raises(ValueError, match=match):
+        sample_limits(limits, samples=4, max_new=8)
+
+
+def test_per_sample_limits_are_plain_ints_and_none_stays_none():
+    assert sample_limits(np.array([1, 8, 2, 3]), 4, 8) == [1, 8, 2, 3]
+    assert all(type(v) is int for v in sample_limits(np.array([1, 8]), 2, 8))
+    assert sample_limits(None, 4, 8) is None
 
 
 def test_paused_groups_older_than_max_staleness_are_dropped():
