@@ -40,7 +40,10 @@ def trainer_scores(
     replayed = contextlib.nullcontext()
     if replay:
         if jax.process_count() > 1:
-            raise ValueError("scoring with routing replay runs in one JAX process only")
+            raise ValueError(
+                "scoring a MoE with the rollout's experts (routing replay; `check` does it for "
+                f"every MoE) runs in one JAX process only, not {jax.process_count()}"
+            )
         routing = routing_replay.input_routing(out, prompts.shape[1], width)
         replayed = routing_replay.replaying(trainer, jnp.asarray(routing))
     with replayed:
