@@ -194,11 +194,8 @@ def sample_limits(limits: Sequence[int] | None, samples: int, max_new: int) -> l
             "(prompts x n, a group's samples adjacent)"
         )
     for i, value in enumerate(limits):
-        if not isinstance(value, int | np.integer) or isinstance(value, bool):
-            ok = False
-        else:
-            ok = 1 <= value <= max_new
-        if not ok:
+        integer = isinstance(value, int | np.integer) and not isinstance(value, bool)
+        if not (integer and 1 <= value <= max_new):
             raise ValueError(
                 f"max_tokens_per_sample[{i}] must be an integer in [1, {max_new}] "
                 f"(max_tokens_to_generate), got {value!r}"
