@@ -197,19 +197,13 @@ class DemoConfig:
         for name in grpo_only:
             if self.algo == "ppo" and getattr(self, name) is not None:
                 raise ValueError(f"{name} applies to grpo and egpo, not ppo")
-        if (self.partial_rollout or self.over_sampling_batch_size) and self.rollout != "sglang_jax":
+        if samples_groups(self) and self.rollout != "sglang_jax":
             raise ValueError(
-                "partial_rollout and over_sampling_batch_size need the sglang_jax rollout, got "
-                f"rollout={self.rollout!r}"
+                "filter_groups, over_sampling_batch_size and partial_rollout need the sglang_jax "
+                f"rollout (its generate_groups), got rollout={self.rollout!r}"
             )
         if self.partial_rollout and self.algo == "ppo":
             raise ValueError("partial_rollout applies to grpo and egpo, not ppo")
-        if self.task is not None and samples_groups(self):
-            raise ValueError(
-                "filter_groups, over_sampling_batch_size and partial_rollout do not run with a "
-                "task yet: a task run times and evaluates its steps by the batches tunix takes, "
-                "and dynamic sampling takes more"
-            )
         if self.routing_replay and (self.algo == "ppo" or self.rollout != "sglang_jax"):
             raise ValueError(
                 "routing_replay applies to grpo and egpo on the sglang_jax rollout (the one that "

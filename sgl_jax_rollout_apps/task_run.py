@@ -1,15 +1,20 @@
 """What `demo --task NAME` adds to a demo run: the task's batches, held-out evaluation between
 steps, where each step's time goes, and the two-rollout comparison with its plot.
 
-Owns `TaskRun`. Its `batches` generator is what the learner trains on: each step's prompts (the
-task's chat prompts, `prompts_per_step` of them) with their answers as a dataset column, and,
-before steps 0, `eval_every`, 2 x `eval_every`, ..., the held-out greedy accuracy measured
-through the run's own rollout on the weights it holds then (tunix pulls a step's batch after
-the previous step's weight sync). `finish` measures it once more after the last step. Wall
-time per step is the time between two batches less the evaluation between them; `phases`
-splits it (rollout, trainer scoring, actor update, weight sync) by timing the cluster's own
-methods. `compare` runs the same task with each rollout on the same seeds and writes
-`summary.json` and `task.png` (held-out accuracy, reward mean and wall time per step).
+Owns `TaskRun`. Its `batches` generator is what the learner trains on: batches of
+`prompts_per_step` of the task's chat prompts, drawn in order from the task's endless training
+stream, with their answers as a dataset column. Step k's batch is the first one tunix takes
+once k steps have synced their weights (the cluster's `global_steps` is k): before it, the
+held-out greedy accuracy is measured at steps 0, `eval_every`, 2 x `eval_every`, ..., through
+the run's own rollout on the weights it holds then. Batches taken before the next sync are
+dynamic sampling's extra prompts for the same step (`filter_groups`, over-sampling, partial
+rollouts draw them from the data iterator, as verl's DAPO trainer draws from its dataloader):
+they start no step and no evaluation. `finish` measures the accuracy once more after the last
+step. Wall time per step is the time between two steps' batches less the evaluation between
+them; `phases` splits it (rollout, with dynamic sampling's rounds; trainer scoring; actor
+update; weight sync) by timing the cluster's own methods. `compare` runs the same task with
+each rollout on the same seeds and writes `summary.json` and `task.png` (held-out accuracy,
+reward mean and wall time per step).
 """
 
 from __future__ import annotations
@@ -28,10 +33,10 @@ from sgl_jax_rollout_apps import tasks
 
 log = logging.getLogger(__name__)
 PHASES = {
-    "rollout_s": "generate",
-    "trainer_scoring_s": "get_actor_per_token_logps",
-    "actor_update_s": "update_actor",
-    "weight_sync_s": "sync_weights",
+    "rollout_s": ("generate", "generate_groups"),
+    "trainer_scoring_s": ("get_actor_per_token_logps",),
+    "actor_update_s": ("update_actor",),
+    "weight_sync_s": ("sync_weights",),
 }
 
 
@@ -45,10 +50,9 @@ class TaskRun:
         held_out = self.task.held_out(config.eval_problems, config.seed)
         self._eval_prompts = [self.task.prompt(tokenizer, p) for p in held_out]
         self._eval_answers = [p.answer for p in held_out]
-        self._train = self.task.problems(
-            config.steps * config.prompts_per_step, config.seed, exclude=held_out
-        )
-        self._prompts = [self.task.prompt(tokenizer, p) for p in self._train]
+        self._tokenizer = tokenizer
+        self._train = self.task.stream(config.seed, exclude=held_out)
+        self.extra_batches: list[int] = []  # per step: batches dynamic sampling drew
         self.evals: list[dict[str, float]] = []
         self.step_seconds: list[float] = []
         self.step_phases: list[dict[str, float]] = []
@@ -58,19 +62,27 @@ class TaskRun:
         self._time_phases()
 
     def batches(self) -> Iterator[dict[str, np.ndarray]]:
-        per_step = self.config.prompts_per_step
-        for step in range(self.config.steps):
-            # tunix asks for step k's batch once step k - 1 has trained and synced its weights.
-            if step % self.config.eval_every == 0:
-                self._evaluate(step)
-            if step:
-                self._close_step()
-            rows = slice(step * per_step, (step + 1) * per_step)
-            self._last_batch = time.perf_counter()
-            self._eval_seconds_since_last = 0.0  # evaluations before the batch are no step's
+        per_step, step = self.config.prompts_per_step, None
+        while True:
+            # tunix takes step k's batch once step k - 1 has trained and synced its weights
+            if self.cluster.global_steps != step:
+                step = self.cluster.global_steps
+                if step >= self.config.steps:
+                    return
+                if step % self.config.eval_every == 0:
+                    self._evaluate(step)
+                if step:
+                    self._close_step()
+                self.extra_batches.append(0)
+                self._last_batch = time.perf_counter()
+                self._eval_seconds_since_last = 0.0  # evaluations before the batch are no step's
+            else:
+                self.extra_batches[-1] += 1
+                log.info("step %d: dynamic sampling draws another %d prompts", step, per_step)
+            problems = [next(self._train) for _ in range(per_step)]
             yield {
-                "prompts": np.array(self._prompts[rows]),
-                "answer": np.array([p.answer for p in self._train[rows]]),
+                "prompts": np.array([self.task.prompt(self._tokenizer, p) for p in problems]),
+                "answer": np.array([p.answer for p in problems]),
             }
 
     def finish(self) -> None:
@@ -107,18 +119,22 @@ class TaskRun:
             )
 
     def _time_phases(self) -> None:
-        """Times the cluster's own methods (instance attributes over the class's)."""
-        for phase, name in PHASES.items():
-            original = getattr(self.cluster, name)
+        """Times the cluster's own methods (instance attributes over the class's); a cluster
+        without dynamic sampling has no `generate_groups`."""
+        for phase, names in PHASES.items():
+            for name in names:
+                original = getattr(self.cluster, name, None)
+                if original is None:
+                    continue
 
-            def timed(*args, _original=original, _phase=phase, **kwargs):
-                start = time.perf_counter()
-                try:
-                    return _original(*args, **kwargs)
-                finally:
-                    self._totals[_phase] += time.perf_counter() - start
+                def timed(*args, _original=original, _phase=phase, **kwargs):
+                    start = time.perf_counter()
+                    try:
+                        return _original(*args, **kwargs)
+                    finally:
+                        self._totals[_phase] += time.perf_counter() - start
 
-            setattr(self.cluster, name, timed)
+                setattr(self.cluster, name, timed)
 
     def summary(self) -> dict[str, Any]:
         n = len(self._eval_prompts)
@@ -145,8 +161,9 @@ class TaskRun:
 
     def write(self, out: Path, history: list[dict[str, float]]) -> None:
         out.mkdir(parents=True, exist_ok=True)
-        for row, seconds, phases in zip(history, self.step_seconds, self.step_phases, strict=False):
-            row.update(step_seconds=seconds, **phases)
+        steps = zip(history, self.step_seconds, self.step_phases, self.extra_batches, strict=False)
+        for row, seconds, phases, extra in steps:
+            row.update(step_seconds=seconds, extra_batches=extra, **phases)
         with open(out / "eval.jsonl", "w") as f:
             for row in self.evals:
                 f.write(json.dumps(row) + "\n")

@@ -19,9 +19,10 @@ problems come from another stream and never ask a held-out question.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -47,16 +48,18 @@ class Task:
         return Problem(f"{a} + {b} =", str(a + b))
 
     def problems(self, count: int, seed: int, exclude: Sequence[Problem] = ()) -> list[Problem]:
-        """`count` training problems (repeats allowed) from the stream of `seed`, none of them
-        a question of `exclude` (the held-out set)."""
+        """The first `count` problems of `stream(seed, exclude)`."""
+        return list(itertools.islice(self.stream(seed, exclude), count))
+
+    def stream(self, seed: int, exclude: Sequence[Problem] = ()) -> Iterator[Problem]:
+        """Training problems without end (repeats allowed) from the stream of `seed`, none of
+        them a question of `exclude` (the held-out set)."""
         rng = np.random.default_rng(seed)
         excluded = {p.question for p in exclude}
-        out: list[Problem] = []
-        while len(out) < count:
+        while True:
             p = self.problem(rng)
             if p.question not in excluded:
-                out.append(p)
-        return out
+                yield p
 
     def held_out(self, count: int, seed: int) -> list[Problem]:
         """`count` distinct problems from a stream of their own (seed + 1,000,003)."""

@@ -39,7 +39,8 @@ def test_preset_of_another_slice_exits_2_naming_the_device_count(capsys):
         ({"partial_rollout": True, "algo": "ppo"}, "partial_rollout"),
         ({"filter_groups": "verl", "algo": "ppo"}, "filter_groups"),
         ({"filter_groups": "dapo"}, "filter_groups"),
-        ({"filter_groups": "verl", "task": "arithmetic"}, "do not run with a task"),
+        ({"filter_groups": "verl", "rollout": "vanilla"}, "need the sglang_jax rollout"),
+        ({"filter_groups": "verl", "task": "arithmetic", "rollout": "both"}, "sglang_jax"),
     ],
 )
 def test_bad_demo_settings_raise_naming_the_field(kwargs, field):
