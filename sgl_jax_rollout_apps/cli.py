@@ -152,7 +152,10 @@ def _bench(args: argparse.Namespace) -> int:
         from sgl_jax_rollout_apps.bench import tail
 
         result = tail.run(
-            model_dir=args.model_path, batches=args.runs, group_prefill=not args.no_group_prefill
+            model_dir=args.model_path,
+            batches=args.runs,
+            group_prefill=not args.no_group_prefill,
+            real_size_layers=args.real_size_layers,
         )
     elif args.target == "grpo":
         if _engine_missing():
@@ -741,7 +744,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--real-size-layers",
         type=int,
         default=2,
-        help="rollout / memory / grpo: layers of the second, Qwen3-0.6B-sized model (generated "
+        help="rollout / memory / grpo / tail: layers of the second, Qwen3-0.6B-sized model "
+        "(generated "
         "offline on first use, 620 MB + 63 MB per layer; 0 skips it)",
     )
     bench.add_argument(

@@ -35,7 +35,10 @@ new token each, prefill tokens computed per unique prompt token with sharing off
 reads the speedups alone).
 
 The KV pool is sized to the workloads (`SETTINGS`): on CPU, sgl-jax's native attention reads
-the whole pool at every step, so a larger pool only slows every variant alike.
+the whole pool at every step, so a larger pool only slows every variant alike. With
+`real_size_layers`, the same variants run again on the Qwen3-0.6B-sized model (its vocabulary,
+widths and heads; that many layers), with the length cap halved and a smaller prefill bucket
+and pool to fit this memory (`REAL_SIZE_SETTINGS`), reported under `real_size`.
 """
 
 from __future__ import annotations
@@ -57,6 +60,18 @@ SETTINGS = dict(
     max_prefill_tokens=4096,
     max_total_tokens=16640,
 )
+# The Qwen3-0.6B-sized model on CPU: sgl-jax's native attention holds [heads, prefill tokens,
+# pool] scores, so its 16 heads need a smaller prefill bucket and pool (a 1,024-token bucket
+# over a 16,640-token pool asked for 37.7 GB); the length cap is halved to fit the pool.
+REAL_SIZE_SETTINGS = dict(
+    context_length=512,
+    max_running_requests=64,
+    precompile_bs_paddings=(4, 16, 64),
+    precompile_token_paddings=(256, 512),
+    max_prefill_tokens=512,
+    max_total_tokens=8192,
+)
+REAL_SIZE_MAX_TOKENS = 128
 PROMPT_TOKENS, MEDIAN, SIGMA = 64, 1 / 8, 1.0
 TARGET_SPEEDUP, TARGET_PREFILL = 1.3, 1.1
 PREFILL_SHAPE = (16, 8, 1000)  # prompts, n, prompt tokens
@@ -76,12 +91,38 @@ def run(
     over_sample_rate: float = 0.25,
     batches: int = 4,
     group_prefill: bool = True,
+    real_size_layers: int = 0,
 ) -> dict[str, Any]:
-    from sgl_jax_rollout.rollout import SglangJaxRollout
-    from sgl_jax_rollout.tiny_model import default_model_dir
+    """The workload on the built-in model (or `model_dir`) with `SETTINGS`, then, where
+    `real_size_layers` > 0, on the Qwen3-0.6B-sized model of that depth with
+    `REAL_SIZE_SETTINGS` and `REAL_SIZE_MAX_TOKENS` (under `"real_size"`); `ok` needs both."""
+    from sgl_jax_rollout.tiny_model import default_model_dir, real_size_model_dir
 
     model_dir = Path(model_dir) if model_dir is not None else default_model_dir()
-    rollout = SglangJaxRollout(model_path=model_dir, engine_settings=SETTINGS, partial_rollout=True)
+    workload = dict(groups=groups, n=n, over_sample_rate=over_sample_rate, batches=batches)
+    result = _on_model(model_dir, SETTINGS, max_tokens, group_prefill, **workload)
+    if real_size_layers:
+        real = real_size_model_dir(real_size_layers)
+        result["real_size"] = _on_model(
+            real, REAL_SIZE_SETTINGS, REAL_SIZE_MAX_TOKENS, False, **workload
+        )
+        result["ok"] = result["ok"] and result["real_size"]["ok"]
+    return result
+
+
+def _on_model(
+    model_dir: Path,
+    settings: dict[str, Any],
+    max_tokens: int,
+    group_prefill: bool,
+    groups: int,
+    n: int,
+    over_sample_rate: float,
+    batches: int,
+) -> dict[str, Any]:
+    from sgl_jax_rollout.rollout import SglangJaxRollout
+
+    rollout = SglangJaxRollout(model_path=model_dir, engine_settings=settings, partial_rollout=True)
     try:
         engine = rollout.engine
         spy = _StepSpy(engine.model_runner)
@@ -93,7 +134,9 @@ def run(
             "partial_rollout": (True, submitted, groups),
         }
         totals = {name: _Totals() for name in plan}
-        progress = tqdm(total=(batches + 1) * len(plan), desc="bench tail", file=sys.stderr)
+        progress = tqdm(
+            total=(batches + 1) * len(plan), desc=f"bench tail ({model_dir.name})", file=sys.stderr
+        )
         for batch in range(-1, batches):  # batch -1 warms up (compiles), untimed
             texts, rows, specs, limits, unique = _batch(
                 rollout, submitted, n, max_tokens, batch + 1
@@ -108,7 +151,11 @@ def run(
                 if name == "partial_rollout":
                     count = count - len(rollout.paused_keys)  # new prompts after the paused
                     out = _partial_call(
-                        rollout, texts[:count], limits[: count * n], n, need, max_tokens, batch
+                        rollout,
+                        texts[:count],
+                        limits[: count * n],
+                        (n, need, max_tokens, batch),
+                        settings["context_length"],
                     )
                 else:
                     out = engine.generate(
@@ -143,7 +190,7 @@ def run(
         prefill = _group_prefill(rollout) if group_prefill else None
         return {
             "model": str(model_dir),
-            "engine_settings": SETTINGS,
+            "engine_settings": settings,
             "workload": {
                 "groups": groups,
                 "n": n,
@@ -188,14 +235,16 @@ def _batch(rollout, groups: int, n: int, max_tokens: int, seed: int):
 
 
 def _partial_call(
-    rollout, texts, limits, n: int, need: int, max_tokens: int, batch: int
+    rollout, texts, limits, shape: tuple[int, int, int, int], context_length: int
 ) -> list[Any]:
-    """One partial-rollout batch: the paused groups, then `texts`' groups; its samples."""
+    """One partial-rollout batch: the paused groups, then `texts`' groups; its samples
+    (`shape`: n, groups needed, max tokens, batch index)."""
     from sgl_jax_rollout.tunix_compat import RolloutConfig
 
+    n, need, max_tokens, batch = shape
     config = RolloutConfig(
         max_tokens_to_generate=max_tokens,
-        max_prompt_length=SETTINGS["context_length"] - max_tokens,
+        max_prompt_length=context_length - max_tokens,
         temperature=1.0,
         top_p=1.0,
         top_k=None,
