@@ -716,7 +716,8 @@ def build_parser() -> argparse.ArgumentParser:
         "trainer logprobs with and without routing replay, and the cost of returning routed "
         "experts (exit 1 if replay leaves a routing difference or cuts the mean gap < 5x); "
         "tail: GRPO batches with long-tailed lengths, today's call vs shared group prefill "
-        "vs over-sampling with early stop (exit 1 on a missed target); grpo: wall time of "
+        "vs over-sampling with early stop vs partial rollouts, on the built-in and the "
+        "Qwen3-0.6B-sized model (exit 1 on a missed target); grpo: wall time of "
         "whole GRPO steps and each phase's share, our rollout vs tunix's own sgl-jax "
         "rollout vs VanillaRollout",
     )
