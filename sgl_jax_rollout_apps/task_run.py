@@ -3,18 +3,18 @@ steps, where each step's time goes, and the two-rollout comparison with its plot
 
 Owns `TaskRun`. Its `batches` generator is what the learner trains on: batches of
 `prompts_per_step` of the task's chat prompts, drawn in order from the task's endless training
-stream, with their answers as a dataset column. Step k's batch is the first one tunix takes
-once k steps have synced their weights (the cluster's `global_steps` is k): before it, the
-held-out greedy accuracy is measured at steps 0, `eval_every`, 2 x `eval_every`, ..., through
-the run's own rollout on the weights it holds then. Batches taken before the next sync are
-dynamic sampling's extra prompts for the same step (`filter_groups`, over-sampling, partial
-rollouts draw them from the data iterator, as verl's DAPO trainer draws from its dataloader):
-they start no step and no evaluation. `finish` measures the accuracy once more after the last
-step. Wall time per step is the time between two steps' batches less the evaluation between
-them; `phases` splits it (rollout, with dynamic sampling's rounds; trainer scoring; actor
-update; weight sync) by timing the cluster's own methods. `compare` runs the same task with
-each rollout on the same seeds and writes `summary.json` and `task.png` (held-out accuracy,
-reward mean and wall time per step).
+stream, with their answers as a dataset column. Step k's batch is the first one tunix takes once
+k steps have synced their weights (the cluster's `global_steps` moved k times since the first
+batch; tunix moves it at each sync): before it, the held-out greedy accuracy is measured at
+steps 0, `eval_every`, 2 x `eval_every`, ..., through the run's own rollout on the weights it
+holds then. Batches taken before the next sync are dynamic sampling's extra prompts for the same
+step (`filter_groups`, over-sampling, partial rollouts draw them from the data iterator, as
+verl's DAPO trainer draws from its dataloader): they start no step and no evaluation. `finish`
+measures the accuracy once more after the last step. Wall time per step is the time between two
+steps' batches less the evaluation between them; `phases` splits it (rollout, with dynamic
+sampling's rounds; trainer scoring; actor update; weight sync) by timing the cluster's own
+methods. `compare` runs the same task with each rollout on the same seeds and writes
+`summary.json` and `task.png` (held-out accuracy, reward mean and wall time per step).
 """
 
 from __future__ import annotations
@@ -62,11 +62,12 @@ class TaskRun:
         self._time_phases()
 
     def batches(self) -> Iterator[dict[str, np.ndarray]]:
-        per_step, step = self.config.prompts_per_step, None
+        per_step, step, synced = self.config.prompts_per_step, -1, None
         while True:
             # tunix takes step k's batch once step k - 1 has trained and synced its weights
-            if self.cluster.global_steps != step:
-                step = self.cluster.global_steps
+            # (counted from the first batch: a resumed learner starts at its restored step)
+            if self.cluster.global_steps != synced:
+                synced, step = self.cluster.global_steps, step + 1
                 if step >= self.config.steps:
                     return
                 if step % self.config.eval_every == 0:

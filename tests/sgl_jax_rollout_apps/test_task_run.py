@@ -115,6 +115,7 @@ def test_draws_between_syncs_are_the_same_step_and_the_stream_goes_on(task_run):
 
 def test_without_draws_step_k_trains_on_the_streams_kth_batch(task_run):
     run, cluster, evaluated_at = task_run
+    cluster.global_steps = 5  # a learner resumed at step 5: steps count from the first batch
     stream = tasks.task("arithmetic").problems(
         6, seed=run.config.seed, exclude=tasks.task("arithmetic").held_out(8, run.config.seed)
     )
@@ -122,5 +123,8 @@ def test_without_draws_step_k_trains_on_the_streams_kth_batch(task_run):
     for step in range(3):
         assert _answers(next(batches)) == [p.answer for p in stream[2 * step : 2 * step + 2]]
         cluster.sync_weights()
+    with pytest.raises(StopIteration):
+        next(batches)
     run.finish()
-    assert run.extra_batches == [0, 0, 0] and evaluated_at == [0, 2, 3]
+    assert run.extra_batches == [0, 0, 0] and evaluated_at == [5, 7, 8]
+    assert [e["step"] for e in run.evals] == [0, 2, 3]
