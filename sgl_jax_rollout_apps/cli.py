@@ -718,8 +718,9 @@ def build_parser() -> argparse.ArgumentParser:
         "tail: GRPO batches with long-tailed lengths, today's call vs shared group prefill "
         "vs over-sampling with early stop vs partial rollouts, on the built-in and the "
         "Qwen3-0.6B-sized model (exit 1 on a missed target); grpo: wall time of "
-        "whole GRPO steps and each phase's share, our rollout vs tunix's own sgl-jax "
-        "rollout vs VanillaRollout",
+        "whole GRPO steps and each phase's share, our rollout (also without shared prefill, "
+        "with over-sampling and with DAPO's filter) vs tunix's own sgl-jax rollout vs "
+        "VanillaRollout",
     )
     bench.add_argument("--json", action="store_true", help="print compact JSON on one line")
     bench.add_argument(

@@ -12,8 +12,12 @@ the old policy's logprobs are needed). Variants:
 - `ours_rollout_old`: `SglangJaxRollout` with `RolloutGRPOLearner`, the rollout's logprobs as
   the old policy (no trainer pass; the trainer-vs-rollout metrics off, as they cost a pass);
 - `ours_trainer_old` (two passes): the same, the trainer's logprobs as the old policy;
+- `ours_unshared_prefill` (one pass): `ours_rollout_old` with a group's n copies each
+  prefilled (`share_group_prefill=False`, the engine before shared prefill);
 - `ours_over_sample` (one pass): `ours_rollout_old` with over-sampling (r =
   `OVER_SAMPLE_RATE`) and partial rollouts (`group_sampling.py`);
+- `ours_filter_groups` (one pass): `ours_rollout_old` with DAPO's dynamic sampling (verl's
+  `filter_groups` rule, no round cap);
 - `tunix_sglang_jax`: tunix's own `RLCluster(rollout_engine="sglang_jax")` and `GRPOLearner`
   (its rollout returns no logprobs; tunix 0.1.7 asks it for the old policy's, and its
   `get_per_token_logps` raises a TypeError there: the variant reports the failure);
@@ -47,7 +51,17 @@ from tqdm import tqdm
 # workload -> (passes over each batch, its variants). One pass needs no old policy (tunix's
 # loss takes the current one); two need the old policy's logprobs.
 WORKLOADS = {
-    "one_pass": (1, ("ours_rollout_old", "ours_over_sample", "tunix_sglang_jax", "vanilla")),
+    "one_pass": (
+        1,
+        (
+            "ours_rollout_old",
+            "ours_unshared_prefill",
+            "ours_over_sample",
+            "ours_filter_groups",
+            "tunix_sglang_jax",
+            "vanilla",
+        ),
+    ),
     "two_passes": (2, ("ours_rollout_old", "ours_trainer_old", "tunix_sglang_jax", "vanilla")),
 }
 PHASES = {
@@ -255,7 +269,7 @@ def _build(variant: str, model_dir: Path, settings: dict, passes: int, max_steps
             model_path=model_dir,
             rollout_config=rollout_config,
             training_config=training,
-            engine_settings=settings,
+            engine_settings=dict(settings, share_group_prefill=variant != "ours_unshared_prefill"),
             with_reference=False,
             partial_rollout=over,
         )
@@ -266,6 +280,7 @@ def _build(variant: str, model_dir: Path, settings: dict, passes: int, max_steps
             use_rollout_logprobs=variant != "ours_trainer_old",
             log_trainer_logprobs=False,
             over_sampling_batch_size=math.ceil(PROMPTS * (1 + OVER_SAMPLE_RATE)) if over else None,
+            filter_groups="verl" if variant == "ours_filter_groups" else None,
         )
         learner = RolloutGRPOLearner(
             rl_cluster=cluster, algo_config=config, reward_fns=[vowel_word_reward]
