@@ -753,8 +753,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--no-group-prefill",
         action="store_true",
-        help="tail: skip the 16 x 8 x 1,000-token prefill figure (its unshared half takes most "
-        "of an hour on CPU)",
+        help="tail: skip the 16 x 8 x 1,000-token prefill figure (its unshared half takes about "
+        "30 minutes on a 2-core CPU)",
     )
     bench.add_argument(
         "--starts",

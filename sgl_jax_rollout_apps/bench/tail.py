@@ -31,8 +31,8 @@ the seconds do not.
 
 `group_prefill` is point 1's measurement on its own: 16 prompts x n = 8 of 1,000 tokens, one
 new token each, prefill tokens computed per unique prompt token with sharing off and on
-(`group_prefill=False` skips it: its unshared half takes most of an hour on CPU; `ok` then
-reads the speedups alone).
+(`group_prefill=False` skips it: its unshared half takes about 30 minutes on a 2-core CPU;
+`ok` then reads the speedups alone).
 
 The KV pool is sized to the workloads (`SETTINGS`): on CPU, sgl-jax's native attention reads
 the whole pool at every step, so a larger pool only slows every variant alike. With
