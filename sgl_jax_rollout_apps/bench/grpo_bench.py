@@ -17,7 +17,7 @@ the old policy's logprobs are needed). Variants:
 - `ours_over_sample` (one pass): `ours_rollout_old` with over-sampling (r =
   `OVER_SAMPLE_RATE`) and partial rollouts (`group_sampling.py`);
 - `ours_filter_groups` (one pass): `ours_rollout_old` with DAPO's dynamic sampling (verl's
-  `filter_groups` rule, no round cap);
+  `filter_groups` rule, at most `MAX_NUM_GEN_BATCHES` rounds a step, then it fails by name);
 - `tunix_sglang_jax`: tunix's own `RLCluster(rollout_engine="sglang_jax")` and `GRPOLearner`
   (its rollout returns no logprobs; tunix 0.1.7 asks it for the old policy's, and its
   `get_per_token_logps` raises a TypeError there: the variant reports the failure);
@@ -74,6 +74,9 @@ PHASES = {
 REAL_SIZE_WORKLOADS = ("one_pass",)
 PROMPTS, N, MAX_TOKENS = 4, 4, 32
 OVER_SAMPLE_RATE = 0.25
+# verl's DAPO recipe scripts cap a step's rounds at 10; where no group's rewards vary (a
+# random model that the reward never credits), the filter then fails instead of sampling on
+MAX_NUM_GEN_BATCHES = 10
 WARMUP = 2
 REAL_SIZE_LAYERS = 2
 SETTINGS = dict(
@@ -281,6 +284,7 @@ def _build(variant: str, model_dir: Path, settings: dict, passes: int, max_steps
             log_trainer_logprobs=False,
             over_sampling_batch_size=math.ceil(PROMPTS * (1 + OVER_SAMPLE_RATE)) if over else None,
             filter_groups="verl" if variant == "ours_filter_groups" else None,
+            max_num_gen_batches=MAX_NUM_GEN_BATCHES,
         )
         learner = RolloutGRPOLearner(
             rl_cluster=cluster, algo_config=config, reward_fns=[vowel_word_reward]
