@@ -61,7 +61,9 @@ class EngineSettings:
     group of n samples), each distinct prompt is prefilled once, in a prefill-only pass whose
     KV the prefix cache then serves to every copy (sgl-jax's tokenizer manager does the same for
     `parallel_sample_num`); each copy computes only its last prompt token. Needs the radix
-    cache (`disable_radix_cache=False`); counts in `RolloutEngine.prefill_counts`.
+    cache (`disable_radix_cache=False`); counts in `RolloutEngine.prefill_counts`. The pass is
+    one more engine pass per call: with 16-token prompts it cost more than it saved
+    (`bench grpo`, `bench tail` in docs/benchmarks.md).
     """
 
     dtype: str = "auto"
