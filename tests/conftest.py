@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from pathlib import Path
 
 import pytest
 
@@ -53,6 +54,72 @@ def engine_phase(item) -> int:
     return 1 if "rollout" in getattr(item, "fixturenames", ()) else 0
 
 
+# The run's own helpers; absent where this file is copied into a throw-away suite (pytester).
+OWN_SUITE = (Path(__file__).parent / "run_stats.py").is_file()
+
+
+def pytest_configure(config):
+    """The run's compilation cache and its counts of engine starts and compiles.
+
+    JAX's persistent compilation cache under the run's cache folder (`.pytest_cache/`, or
+    `SGL_JAX_ROLLOUT_COMPILATION_CACHE_DIR` where set; set empty, no cache): a fresh clone
+    starts cold, and every engine or trainer that compiles a program an earlier one compiled
+    (in this process, a test's subprocess or a later run) reads it instead. The counts of the
+    test's subprocesses come back through a file (`run_stats`)."""
+    if not OWN_SUITE:
+        return
+    import tempfile
+
+    from sgl_jax_rollout.utils.compilation_cache import CACHE_DIR_VAR, enable_compilation_cache
+    from tests import run_stats
+
+    cache = os.environ.get(CACHE_DIR_VAR)
+    if cache is None:
+        cache = os.environ[CACHE_DIR_VAR] = str(config.rootpath / ".pytest_cache" / "xla-cache")
+    if cache:
+        directory = enable_compilation_cache(cache)
+        # JAX's own variables: every JAX process a test starts (workers, scripts, the CLI)
+        # uses the same folder, caching every program as the engine does.
+        os.environ.update(
+            JAX_COMPILATION_CACHE_DIR=str(directory),
+            JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+            JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1",
+        )
+    handle, stats = tempfile.mkstemp(prefix="run-stats-", suffix=".jsonl")
+    os.close(handle)
+    os.environ[run_stats.STATS_FILE_VAR] = stats
+    run_stats.listen()
+
+
+def pytest_runtest_setup(item):
+    if OWN_SUITE:
+        from tests import run_stats
+
+        run_stats.listen()
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not OWN_SUITE:
+        return
+    from sgl_jax_rollout.utils.compilation_cache import CACHE_DIR_VAR
+    from tests import run_stats
+
+    path = Path(os.environ[run_stats.STATS_FILE_VAR])
+    children = run_stats.subprocess_totals(path)
+    path.unlink(missing_ok=True)
+    total = run_stats.RunStats(processes=0)
+    total.add(run_stats.own())
+    total.add(children)
+    terminalreporter.section("engine starts and compiles")
+    for line in total.lines():
+        terminalreporter.write_line(line)
+    terminalreporter.write_line(
+        f"of which in test subprocesses: {children.engine_starts} engine starts, "
+        f"{children.compiles} XLA programs ({children.cache_misses} compiled)"
+    )
+    terminalreporter.write_line(f"compilation cache: {os.environ[CACHE_DIR_VAR] or 'off'}")
+
+
 def pytest_collection_modifyitems(config, items):
     items.sort(key=engine_phase)  # stable: collection order within a phase
     no_engine = importlib.util.find_spec("sgl_jax") is None
@@ -62,6 +129,8 @@ def pytest_collection_modifyitems(config, items):
             "(make engine WHEELHOUSE=DIR) or unset the variable"
         )
     for item in items:
+        if OWN_SUITE and _touches_tunix(item):
+            item.add_marker(pytest.mark.tunix)
         # Markers, not keywords: keywords also hold directory names (tests/.../engine/).
         if no_engine and item.get_closest_marker("engine") is not None:
             item.add_marker(pytest.mark.skip(reason="sgl_jax is not installed"))
@@ -69,6 +138,14 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="no TPU present"))
         if item.get_closest_marker("tunix_main") is not None and not _is_tunix_main():
             item.add_marker(pytest.mark.skip(reason="tunix 0.1.7: no use_rollout_logps"))
+
+
+def _touches_tunix(item) -> bool:
+    from tests.tunix_phase import TRAINER_FIXTURES, touches_tunix
+
+    return touches_tunix(item.path) or bool(
+        TRAINER_FIXTURES & set(getattr(item, "fixturenames", ()))
+    )
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -4,7 +4,9 @@ Owns `CheckConfig`, `run` and `verdicts`. Loads the trainer model (tunix, as tra
 the engine on the same weights, then checks, on prompts long enough that positions pass
 `prompt_tokens` (RoPE differences grow with position):
 
-1. greedy: the engine's greedy tokens are the trainer's argmax at every position;
+1. greedy: the engine's greedy tokens are the trainer's argmax at every position (a bfloat16
+   engine: at 90% of them, a token whose trainer logprob is within the bfloat16 tolerance of
+   the argmax's counting as agreeing: such near-ties are decided by rounding);
 2. logprob fidelity at temperature 1 and 0.7: the engine's processed logprobs of its own
    samples against tunix's trainer-side `compute_per_token_logps`;
 3. weight sync: after `update_params` with perturbed trainer weights (or perturbed LoRA
@@ -80,6 +82,15 @@ class Verdict:
         )
 
 
+def _greedy_agrees(tokens: np.ndarray, logits: np.ndarray, near_tie: float) -> np.ndarray:
+    """Per position: the engine's greedy token is the trainer's argmax, or its trainer logprob
+    is within `near_tie` nats of the argmax's (a near-tie that rounding decides)."""
+    logits = logits.astype(np.float64)
+    top = logits.max(-1)
+    chosen = np.take_along_axis(logits, tokens[:, None], -1)[:, 0]
+    return (tokens == logits.argmax(-1)) | (top - chosen <= near_tie)
+
+
 def run(config: CheckConfig) -> list[Verdict]:
     """Builds trainer and engine for `config.model_path`, runs every check, shuts down."""
     trainer, rollout, lora = _build(config)
@@ -122,12 +133,12 @@ def verdicts(config: CheckConfig, rollout, trainer, lora: dict | None = None) ->
     greedy = rollout.generate(prompts, _rollout_config(config, 1.0), temperature=0.0)
     outputs.append(greedy)
     _, logits = trainer_scores(rollout, trainer, greedy, 1.0, replay)
-    argmax = logits.argmax(-1)
-    pairs = [
-        (np.asarray(t)[:k], argmax[i, :k])
+    near_tie = 0.0 if tolerance == F32_TOLERANCE else tolerance
+    agree = [
+        _greedy_agrees(np.asarray(t)[:k], logits[i, :k], near_tie)
         for i, (t, k) in enumerate((t, before_pad(t, pad)) for t in greedy.tokens)
     ]
-    share = float(np.mean(np.concatenate([a == b for a, b in pairs])))
+    share = float(np.mean(np.concatenate(agree)))
     need = 1.0 if tolerance == F32_TOLERANCE else 0.9
     rows = [
         Verdict(

@@ -46,6 +46,8 @@ from sgl_jax_rollout.engine.settings import (
     language_config,
     window_kv_differs,
 )
+from sgl_jax_rollout.utils import compilation_cache
+from sgl_jax_rollout.utils.compiles import ENGINE_START_EVENT
 
 logger = logging.getLogger(__name__)
 
@@ -112,6 +114,7 @@ class RolloutEngine:
                 "return_routed_experts needs a mixture-of-experts model: config.json has none of "
                 f"{list(EXPERT_COUNT_KEYS)} (this model is dense)"
             )
+        cache_root = compilation_cache.cache_root(settings.compilation_cache_dir)
         settings = _on_devices(settings, jax.devices())
         from transformers import AutoTokenizer
 
@@ -147,6 +150,8 @@ class RolloutEngine:
         if lora is not None:
             server_args.update(engine_lora_args(lora, self.model_type))
         self.lora = lora  # the static LoRA layout served (None: no adapters)
+        if cache_root is not None:
+            compilation_cache.enable_compilation_cache(cache_root)
         patches.apply(server_args)
         patches.activate(self._hooks, STOP_TIMEOUT_S)
         atexit.register(self.shutdown)
@@ -162,12 +167,9 @@ class RolloutEngine:
                 )
             raise
         self._hooks.on_fault = self._shut_down_after_fault
-        logger.info(
-            "sgl-jax engine ready in %.1fs: %s, %s",
-            time.perf_counter() - started,
-            model_path,
-            settings,
-        )
+        start_seconds = time.perf_counter() - started
+        jax.monitoring.record_event_duration_secs(ENGINE_START_EVENT, start_seconds)
+        logger.info("sgl-jax engine ready in %.1fs: %s, %s", start_seconds, model_path, settings)
 
     def _start(self, server_args: dict[str, Any]) -> None:
         from sgl_jax_rollout.engine.weights import WeightSwapper

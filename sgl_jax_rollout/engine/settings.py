@@ -12,6 +12,7 @@ No sgl_jax import: settings are checked before anything starts.
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -64,6 +65,10 @@ class EngineSettings:
     cache (`disable_radix_cache=False`); counts in `RolloutEngine.prefill_counts`. The pass is
     one more engine pass per call: with 16-token prompts it cost more than it saved
     (`bench grpo`, `bench tail` in docs/benchmarks.md).
+    `compilation_cache_dir` (default None: the environment variable
+    `SGL_JAX_ROLLOUT_COMPILATION_CACHE_DIR`, else no cache): JAX's persistent compilation cache
+    for the whole process, engine and trainer (`utils.compilation_cache`): a start that finds
+    its programs there reads them instead of compiling them.
     """
 
     dtype: str = "auto"
@@ -89,6 +94,7 @@ class EngineSettings:
     vocab_parallel_sampler: bool = True
     return_routed_experts: bool = False
     share_group_prefill: bool = True
+    compilation_cache_dir: str | None = None
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -149,6 +155,13 @@ class EngineSettings:
                     f"got {list(idx)}"
                 )
         object.__setattr__(self, "sampler_modes", _sampler_modes(self.sampler_modes))
+        cache_dir = self.compilation_cache_dir
+        if cache_dir is not None:
+            if not isinstance(cache_dir, (str, os.PathLike)) or not str(cache_dir):
+                raise ValueError(
+                    f"compilation_cache_dir must be a directory path or None, got {cache_dir!r}"
+                )
+            object.__setattr__(self, "compilation_cache_dir", str(cache_dir))
         forced = sorted(set(self.extra) & set(FORCED))
         if forced:
             raise ValueError(f"extra must not set {forced}: the rollout fixes them")

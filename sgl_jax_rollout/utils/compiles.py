@@ -1,7 +1,9 @@
 """Counting XLA compilations with JAX's own monitoring events.
 
 Owns `count_compiles`, used by tests and benchmarks to prove that changing per-request
-settings never recompiles. Counts every backend compile in the process while active.
+settings never recompiles (it counts every backend compile in the process while active), and
+the name of the event the engine records its start under (`ENGINE_START_EVENT`, a duration in
+seconds, for any listener registered with `jax.monitoring`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import jax
 
 # The event jax records once per backend (XLA) compilation.
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+# The event `RolloutEngine` records once it has started (loading, precompile and all).
+ENGINE_START_EVENT = "/sgl_jax_rollout/engine/start_duration"
 
 
 @dataclasses.dataclass
