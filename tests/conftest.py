@@ -203,6 +203,16 @@ TEST_SETTINGS = dict(
     context_length=512,
     max_total_tokens=16384,
 )
+
+
+def small_engine_settings(**changes):
+    """The suite's engine settings (`TEST_SETTINGS`) with `changes`: every engine test takes
+    its settings from here. Engines whose settings (and model) are equal run the same programs,
+    which the run's compilation cache then compiles once; each change of a size or a bucket
+    compiles its own, so change only what the test is about."""
+    return dict(TEST_SETTINGS, **changes)
+
+
 # The session engine also compiles this mode at start (test_rollout.py checks it).
 LISTED_SAMPLER_MODE = {"entropy_source": "processed", "entropy_top_k": 24}
 

@@ -51,15 +51,15 @@ def end_of_turn_first(model, token: int, unit_offset: bool, constant: float = 4.
 def test_end_of_turn_ends_a_completion_and_a_session_goes_on_after_it(like, tmp_path):
     from flax import nnx
 
-    from sgl_jax_rollout.engine.settings import EngineSettings
     from sgl_jax_rollout.rollout import SglangJaxRollout
     from sgl_jax_rollout.tiny_model import make_tiny_model
+    from tests.conftest import small_engine_settings
     from tests.sgl_jax_rollout.test_rollout import config
     from tunix_adapter.models import load_tunix_model
 
     name, expected_id, added_turn, unit_offset = REPLICAS[like]
     model_dir = make_tiny_model(tmp_path / like, like=like, dtype="float32")
-    settings = EngineSettings(
+    settings = small_engine_settings(
         context_length=256,
         max_prefill_tokens=256,
         precompile_token_paddings=(256,),

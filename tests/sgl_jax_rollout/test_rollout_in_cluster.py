@@ -29,7 +29,7 @@ def test_cluster_builds_generates_and_syncs_weights_through_our_rollout(tiny_dir
         Role,
         RolloutConfig,
     )
-    from tests.conftest import TEST_SETTINGS
+    from tests.conftest import small_engine_settings
     from tunix_adapter.models import load_tunix_model
 
     if patches.current() is not None:
@@ -39,7 +39,7 @@ def test_cluster_builds_generates_and_syncs_weights_through_our_rollout(tiny_dir
     config = ClusterConfig(
         role_to_mesh={Role.ACTOR: mesh, Role.REFERENCE: mesh, Role.ROLLOUT: mesh},
         rollout_engine=functools.partial(
-            SglangJaxRollout, model_path=tiny_dir, engine_settings=TEST_SETTINGS
+            SglangJaxRollout, model_path=tiny_dir, engine_settings=small_engine_settings()
         ),
         training_config=RLTrainingConfig(
             actor_optimizer=optax.sgd(1e-3), eval_every_n_steps=1, max_steps=1

@@ -17,13 +17,13 @@ def test_three_turn_chat_stays_aligned_with_rescoring(tiny_dir, trainer):
     from sgl_jax_rollout.rollout_inputs import left_pad
     from sgl_jax_rollout.session import MASK_ID
     from sgl_jax_rollout.tunix_compat import RolloutConfig
-    from tests.conftest import TEST_SETTINGS
+    from tests.conftest import small_engine_settings
     from tests.sgl_jax_rollout.test_rollout import trainer_logps
     from tunix_adapter.sessions import grpo_batch
 
     if patches.current() is not None:
         pytest.skip("another engine is still running in this process")
-    rollout = SglangJaxRollout(model_path=tiny_dir, engine_settings=TEST_SETTINGS)
+    rollout = SglangJaxRollout(model_path=tiny_dir, engine_settings=small_engine_settings())
     # temperature 1, no truncation: processed logprobs are the model's own log-softmax
     config = RolloutConfig(max_tokens_to_generate=12, temperature=1.0, top_p=1.0, seed=3)
     try:

@@ -14,9 +14,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests.conftest import small_engine_settings
+
 pytestmark = pytest.mark.engine
 
-SETTINGS = dict(
+SETTINGS = small_engine_settings(
     max_running_requests=4,
     precompile_bs_paddings=(4,),
     precompile_token_paddings=(512,),

@@ -12,7 +12,7 @@ import pytest
 
 from sgl_jax_rollout.rollout_inputs import right_pad_values
 from sgl_jax_rollout_apps import demo
-from tests.conftest import TEST_SETTINGS
+from tests.conftest import small_engine_settings
 from tests.tunix_adapter.training_helpers import engine_config
 
 pytestmark = pytest.mark.engine
@@ -49,7 +49,7 @@ def test_grpo_steps_with_filter_over_sampling_and_partial_rollouts(tiny_dir, mon
     )
     # 5 rows at a time: groups finish in waves, so the groups a step does not need have
     # samples finished under one policy version and samples left for the next
-    cfg = dataclasses.replace(cfg, engine_settings=dict(TEST_SETTINGS, max_running_requests=5))
+    cfg = dataclasses.replace(cfg, engine_settings=small_engine_settings(max_running_requests=5))
     cluster, learner = demo.build(cfg)
     captured = []
     produce = learner._generate_and_compute_advantage

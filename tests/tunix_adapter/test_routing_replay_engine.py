@@ -84,13 +84,13 @@ def test_routing_is_returned_per_token_and_per_prompt_and_a_cached_prompt_keeps_
     from sgl_jax_rollout.rollout import SglangJaxRollout
     from sgl_jax_rollout.rollout_inputs import right_pad_ids
     from sgl_jax_rollout.tunix_compat import RolloutConfig
-    from tests.conftest import TEST_SETTINGS
+    from tests.conftest import small_engine_settings
     from tunix_adapter import routing_replay
     from tunix_adapter.models import load_tunix_model
     from tunix_adapter.sessions import grpo_batch
 
     rollout = SglangJaxRollout(
-        model_path=moe_dir, engine_settings=dict(TEST_SETTINGS, return_routed_experts=True)
+        model_path=moe_dir, engine_settings=small_engine_settings(return_routed_experts=True)
     )
     try:
         prompts = ["the cat sat on the mat " * 6, "a dog", "why is the sky blue? " * 3]
@@ -179,11 +179,11 @@ def test_routing_is_returned_per_token_and_per_prompt_and_a_cached_prompt_keeps_
 def test_a_dense_model_refuses_routed_experts_before_the_engine_starts(tiny_dir):
     from sgl_jax_rollout.engine import patches
     from sgl_jax_rollout.rollout import SglangJaxRollout
-    from tests.conftest import TEST_SETTINGS
+    from tests.conftest import small_engine_settings
 
     with pytest.raises(ValueError, match="return_routed_experts needs a mixture-of-experts"):
         SglangJaxRollout(
-            model_path=tiny_dir, engine_settings=dict(TEST_SETTINGS, return_routed_experts=True)
+            model_path=tiny_dir, engine_settings=small_engine_settings(return_routed_experts=True)
         )
     assert patches.current() is None
 

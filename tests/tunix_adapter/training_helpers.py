@@ -7,7 +7,7 @@ import numpy as np
 from flax import nnx
 
 from sgl_jax_rollout_apps import demo
-from tests.conftest import TEST_SETTINGS
+from tests.conftest import small_engine_settings
 
 
 def engine_config(tiny_dir, **kwargs) -> demo.DemoConfig:
@@ -15,7 +15,7 @@ def engine_config(tiny_dir, **kwargs) -> demo.DemoConfig:
     return demo.DemoConfig(
         rollout="sglang_jax",
         model_path=str(tiny_dir),
-        engine_settings=TEST_SETTINGS,
+        engine_settings=small_engine_settings(),
         show_progress=False,
         **kwargs,
     )

@@ -43,10 +43,10 @@ def workload(rollout) -> dict:
 
 def main() -> None:
     from sgl_jax_rollout.rollout import SglangJaxRollout
-    from tests.conftest import LISTED_SAMPLER_MODE, TEST_SETTINGS
+    from tests.conftest import LISTED_SAMPLER_MODE, small_engine_settings
 
     overlap = {"on": True, "off": False}[sys.argv[2]]
-    settings = dict(TEST_SETTINGS, sampler_modes=(LISTED_SAMPLER_MODE,), overlap_schedule=overlap)
+    settings = small_engine_settings(sampler_modes=(LISTED_SAMPLER_MODE,), overlap_schedule=overlap)
     rollout = SglangJaxRollout(model_path=sys.argv[1], engine_settings=settings)
     try:
         print("RESULT " + json.dumps(workload(rollout)), flush=True)

@@ -19,12 +19,12 @@ def main() -> None:
 
     from sgl_jax_rollout.rollout import SglangJaxRollout
     from sgl_jax_rollout.tunix_compat import RolloutConfig
-    from tests.conftest import TEST_SETTINGS
+    from tests.conftest import small_engine_settings
 
     local = tuple(d.id for d in jax.local_devices())
     rollout = SglangJaxRollout(
         model_path=sys.argv[1],
-        engine_settings=dict(TEST_SETTINGS, tp_size=len(local), device_indexes=local),
+        engine_settings=small_engine_settings(tp_size=len(local), device_indexes=local),
     )
     try:
         config = RolloutConfig(max_tokens_to_generate=8, seed=0, return_logprobs=True)

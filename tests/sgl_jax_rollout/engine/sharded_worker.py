@@ -57,11 +57,11 @@ def main() -> None:
     import jax
 
     from sgl_jax_rollout.rollout import SglangJaxRollout
-    from tests.conftest import TEST_SETTINGS, perturbed
+    from tests.conftest import perturbed, small_engine_settings
     from tunix_adapter.models import load_tunix_model
 
     rollout = SglangJaxRollout(
-        model_path=model, engine_settings=dict(TEST_SETTINGS, tp_size=tp, dp_size=dp)
+        model_path=model, engine_settings=small_engine_settings(tp_size=tp, dp_size=dp)
     )
     try:
         result = {

@@ -17,14 +17,6 @@ import pytest
 
 pytestmark = pytest.mark.engine
 
-SETTINGS = dict(
-    max_running_requests=4,
-    precompile_bs_paddings=(1, 4),
-    precompile_token_paddings=(256,),
-    max_prefill_tokens=512,
-    context_length=512,
-    max_total_tokens=8192,
-)
 ENGINE_THREADS = ("sglang::scheduler", "sglang-jax::detokenizer", "sgl-jax-rollout")
 UPSTREAM_TARGETS = ("watchdog_thread", "run_loop_forever", "forward_thread_func")  # overlap
 
@@ -78,8 +70,9 @@ def leftovers(handlers) -> list[str]:
 
 def start(tiny_dir, **kwargs):
     from sgl_jax_rollout.rollout import SglangJaxRollout
+    from tests.conftest import small_engine_settings
 
-    return SglangJaxRollout(model_path=tiny_dir, engine_settings=SETTINGS, **kwargs)
+    return SglangJaxRollout(model_path=tiny_dir, engine_settings=small_engine_settings(), **kwargs)
 
 
 def test_a_start_failing_inside_the_scheduler_leaves_nothing(tiny_dir, handlers, monkeypatch):

@@ -25,9 +25,8 @@ def test_mixed_rules_are_served_as_the_trainer_computes_them(tiny_dir):
     import qwix
     from flax import nnx
 
-    from sgl_jax_rollout.engine.settings import EngineSettings
     from sgl_jax_rollout.rollout import SglangJaxRollout
-    from tests.conftest import perturbed
+    from tests.conftest import perturbed, small_engine_settings
     from tests.sgl_jax_rollout.test_rollout import config as rollout_config
     from tunix_adapter.check import lora_update_error
     from tunix_adapter.models import load_tunix_model
@@ -42,7 +41,7 @@ def test_mixed_rules_are_served_as_the_trainer_computes_them(tiny_dir):
     base = load_tunix_model(tiny_dir)
     actor = qwix.apply_lora_to_model(base, provider, **base.get_model_input())
     nnx.update(actor, perturbed(nnx.state(actor, nnx.LoRAParam), scale=0.05, seed=3))
-    settings = EngineSettings(
+    settings = small_engine_settings(
         context_length=512,
         max_prefill_tokens=512,
         precompile_token_paddings=(512,),

@@ -26,18 +26,10 @@ PROMPTS = ["the quick brown fox", "hello world again"]
 def engine_rollout(tiny_dir):
     """A rollout of its own (not named `rollout`: tests/conftest.py runs tests on that
     session fixture after the ones with their own engine)."""
-    from sgl_jax_rollout.engine.settings import EngineSettings
     from sgl_jax_rollout.rollout import SglangJaxRollout
+    from tests.conftest import small_engine_settings
 
-    settings = EngineSettings(
-        context_length=256,
-        max_prefill_tokens=256,
-        precompile_token_paddings=(256,),
-        max_running_requests=4,
-        precompile_bs_paddings=(4,),
-        max_total_tokens=4096,
-    )
-    rollout = SglangJaxRollout(model_path=tiny_dir, engine_settings=settings)
+    rollout = SglangJaxRollout(model_path=tiny_dir, engine_settings=small_engine_settings())
     yield rollout
     rollout.shutdown()
 

@@ -20,7 +20,7 @@ def test_tunix_state_of_each_family_maps_onto_the_engine(arch, tmp_path):
     from sgl_jax_rollout.rollout import SglangJaxRollout
     from sgl_jax_rollout.tiny_model import make_tiny_model
     from sgl_jax_rollout.tunix_compat import RolloutConfig
-    from tests.conftest import perturbed
+    from tests.conftest import perturbed, small_engine_settings
     from tunix_adapter.models import load_tunix_model
 
     if patches.current() is not None:
@@ -29,7 +29,7 @@ def test_tunix_state_of_each_family_maps_onto_the_engine(arch, tmp_path):
     trainer = load_tunix_model(model_dir)
     rollout = SglangJaxRollout(
         model_path=model_dir,
-        engine_settings=dict(
+        engine_settings=small_engine_settings(
             max_running_requests=4,
             precompile_bs_paddings=(1, 4),
             precompile_token_paddings=(256,),
