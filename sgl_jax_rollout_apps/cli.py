@@ -843,7 +843,7 @@ def main(argv: list[str] | None = None) -> int:
     fewest_runs = 1 if getattr(args, "target", None) == "start" else 5
     if args.command == "bench" and args.runs < fewest_runs:
         parser.error(f"--runs must be >= {fewest_runs}, got {args.runs}")
-    if args.command == "bench" and not 1 <= args.starts <= args.runs:
+    if args.command == "bench" and args.target == "rollout" and not 1 <= args.starts <= args.runs:
         parser.error(f"--starts must be in [1, --runs ({args.runs})], got {args.starts}")
     if args.command == "make-tiny-model" and args.arch and args.like:
         parser.error("--arch and --like exclude each other (--like sets the architecture)")
