@@ -1,7 +1,10 @@
 """Markers (`engine` tests need sgl_jax importable, `tpu` tests need a TPU, `tunix_main` tests
-tunix main's GRPO switches; each skips otherwise)
+tunix main's GRPO switches; each skips otherwise; `tunix`, set here on every test that touches
+tunix, selects what `make test-tunix-main` runs: tests/tunix_phase.py)
 and the engine tests' shared fixtures: one tiny model, one trainer model, one rollout for the
-whole session (starting an engine compiles for about a minute on CPU).
+whole session, and `small_engine_settings`, where every engine test takes its settings from.
+The run keeps compiled programs in JAX's persistent compilation cache and ends with its engine
+starts and compiles (`pytest_configure`, `pytest_terminal_summary`).
 
 One engine per process: tests run in engine phases (`engine_phase`), whatever their files'
 names: tests that start their own engine (or none) first, then those on the session rollout,
