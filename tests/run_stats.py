@@ -20,17 +20,24 @@ import os
 import threading
 from pathlib import Path
 
+from sgl_jax_rollout.utils.compiles import (
+    BACKEND_COMPILE_EVENT,
+    CACHE_HIT_EVENT,
+    CACHE_MISS_EVENT,
+    ENGINE_START_EVENT,
+)
+
 STATS_FILE_VAR = "SGL_JAX_ROLLOUT_RUN_STATS"
 
 _DURATIONS = {
-    "/jax/core/compile/backend_compile_duration": "compile",
+    BACKEND_COMPILE_EVENT: "compile",
     "/jax/core/compile/jaxpr_trace_duration": "trace",
     "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower",
     "/jax/compilation_cache/cache_retrieval_time_sec": "cache_read",
 }
 _EVENTS = {
-    "/jax/compilation_cache/cache_hits": "cache_hits",
-    "/jax/compilation_cache/cache_misses": "cache_misses",
+    CACHE_HIT_EVENT: "cache_hits",
+    CACHE_MISS_EVENT: "cache_misses",
 }
 
 
@@ -68,8 +75,6 @@ _lock = threading.Lock()
 
 
 def _on_duration(event: str, duration: float, **_: object) -> None:
-    from sgl_jax_rollout.utils.compiles import ENGINE_START_EVENT
-
     with _lock:
         if event == ENGINE_START_EVENT:
             _own.engine_starts += 1

@@ -99,35 +99,23 @@ def measure_start(model: str, cache: str | None) -> dict[str, Any]:
     down: wall seconds of the start, programs compiled, programs read from the cache."""
     import time
 
-    import jax
-
     from sgl_jax_rollout.engine.engine import RolloutEngine
     from sgl_jax_rollout.engine.settings import EngineSettings
+    from sgl_jax_rollout.utils.compiles import count_compiles
 
-    counts = {"compiled": 0, "read": 0}
-
-    def listener(event: str, **_: object) -> None:
-        if event == "/jax/compilation_cache/cache_hits":
-            counts["read"] += 1
-        elif event == "/jax/compilation_cache/cache_misses":
-            counts["compiled"] += 1
-
-    compiles = []
-
-    def durations(event: str, duration: float, **_: object) -> None:
-        if event == "/jax/core/compile/backend_compile_duration":
-            compiles.append(duration)
-
-    jax.monitoring.register_event_listener(listener)
-    jax.monitoring.register_event_duration_secs_listener(durations)
-    started = time.perf_counter()
     settings = EngineSettings(**SETTINGS, compilation_cache_dir=cache or None)
-    engine = RolloutEngine(Path(model), settings)
-    start_s = time.perf_counter() - started
+    with count_compiles() as compiles:
+        started = time.perf_counter()
+        engine = RolloutEngine(Path(model), settings)
+        start_s = time.perf_counter() - started
     engine.shutdown()
-    if not cache:  # no cache: every program compiled
-        counts["compiled"] = len(compiles)
-    return {"start_s": start_s, "programs": len(compiles), **counts}
+    compiled = compiles.cache_misses if cache else compiles.count  # no cache: all compiled
+    return {
+        "start_s": start_s,
+        "programs": compiles.count,
+        "compiled": compiled,
+        "read": compiles.cache_hits,
+    }
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from sgl_jax_rollout.engine.engine import RolloutEngine
 from sgl_jax_rollout.engine.settings import EngineSettings
 from sgl_jax_rollout.tiny_model import make_tiny_model
 from sgl_jax_rollout.utils import compilation_cache
+from sgl_jax_rollout.utils.compiles import count_compiles
 
 FORWARD = "jit_jitted_run_model"
 SMALL = EngineSettings(
@@ -44,18 +45,16 @@ class Hits(logging.Handler):
 
 
 def start(model: Path, hits: Hits, **changes) -> dict:
-    misses = []
-    listener = lambda event, **_: misses.append(1) if event.endswith("/cache_misses") else None  # noqa: E731
-    jax.monitoring.register_event_listener(listener)
     hits.names.clear()
-    engine = RolloutEngine(model, SMALL.replace(**changes))
+    with count_compiles() as compiles:
+        engine = RolloutEngine(model, SMALL.replace(**changes))
     engine.shutdown()
-    jax.monitoring.unregister_event_listener(listener)
     jax.clear_caches()  # the next start finds nothing in memory: only the persistent cache
+    assert compiles.cache_hits == len(hits.names), "JAX logged other hits than it counted"
     return {
         "forward_hits": hits.names.count(FORWARD),
         "hits": len(hits.names),
-        "misses": len(misses),
+        "misses": compiles.cache_misses,
         "folder": str(jax.config.jax_compilation_cache_dir),
     }
 
