@@ -112,7 +112,15 @@ def _check(args: argparse.Namespace) -> int:
         prompts=args.prompts,
         prompt_tokens=args.prompt_tokens,
         max_tokens=args.max_tokens,
-        engine_settings={"dtype": args.dtype} if args.dtype else None,
+        engine_settings={
+            name: value
+            for name, value in (
+                ("dtype", args.dtype),
+                ("page_size", args.page_size),
+                ("native_attention", args.native_attention),
+            )
+            if value is not None
+        },
     )
     rows = check.run(config)
     print(check.table(rows))
@@ -157,6 +165,12 @@ def _bench(args: argparse.Namespace) -> int:
         from sgl_jax_rollout_apps.bench import start_bench
 
         result = start_bench.run(model_dir=args.model_path, runs=args.runs)
+    elif args.target == "attention":
+        if _engine_missing():
+            return 2
+        from sgl_jax_rollout_apps.bench import attention_bench
+
+        result = attention_bench.run(model_dir=args.model_path)
     elif args.target == "tail":
         if _engine_missing():
             return 2
@@ -653,6 +667,20 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="the engine's dtype (default: the preset's, else the checkpoint's)",
     )
+    chk.add_argument(
+        "--page-size",
+        type=int,
+        default=None,
+        help="the engine's KV page size in tokens (default: the preset's, else 1; TPU presets "
+        "use 64 or 128)",
+    )
+    chk.add_argument(
+        "--native-attention",
+        choices=["paged", "upstream"],
+        default=None,
+        help="what serves the CPU / GPU attention (default paged; upstream: sgl-jax's own, "
+        "page size 1 only on CPU)",
+    )
     chk.set_defaults(func=_check)
 
     comp = sub.add_parser(
@@ -736,6 +764,7 @@ def build_parser() -> argparse.ArgumentParser:
             "tail",
             "grpo",
             "start",
+            "attention",
         ],
         help="sampler: ms per sampling step; rollout: tokens/s of the rollouts; weights: "
         "update_params vs device_put; soak: many mixed requests, every completion checked "
@@ -750,7 +779,10 @@ def build_parser() -> argparse.ArgumentParser:
         "with over-sampling and with DAPO's filter) vs tunix's own sgl-jax rollout vs "
         "VanillaRollout; start: engine starts with the compilation cache cold, warm and off "
         "(the real checkpoint by default; exit 1 if a warm start takes over 1/3 of one "
-        "without the cache)",
+        "without the cache); attention: decode step and prefill times under sgl-jax's own "
+        "native attention and ours, on the built-in model and the real checkpoint (exit 1 if "
+        "ours is under 5x faster at 64 rows x 1,024 context on the real one, or slower at 8 x "
+        "128, or any greedy token differs)",
     )
     bench.add_argument("--json", action="store_true", help="print compact JSON on one line")
     bench.add_argument(
@@ -769,9 +801,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--model-path",
         default=None,
-        help="rollout / weights / soak / memory / replay / tail / start: HF model dir "
-        "(default: tiny model; replay: the Qwen3-MoE replica in bfloat16; start: the real "
-        "checkpoint, SmolLM2-135M-Instruct)",
+        help="rollout / weights / soak / memory / replay / tail / start / attention: HF model "
+        "dir (default: tiny model; replay: the Qwen3-MoE replica in bfloat16; start: the real "
+        "checkpoint, SmolLM2-135M-Instruct; attention: both the built-in model and that one)",
     )
     bench.add_argument(
         "--real-size-layers",

@@ -102,11 +102,16 @@ class RolloutEngine:
         require_sgl_jax()
         import jax
 
-        if jax.default_backend() == "cpu" and settings.page_size != 1:
+        if (
+            jax.default_backend() == "cpu"
+            and settings.page_size != 1
+            and settings.native_attention == "upstream"
+        ):
             raise ValueError(
-                f"page_size must be 1 on CPU, got {settings.page_size}: at the pinned sgl-jax "
-                "commit a larger page gives wrong logits to every request but the first of a "
-                "batch on the CPU attention backends"
+                f"page_size must be 1 with native_attention='upstream' on CPU, got "
+                f"{settings.page_size}: sgl-jax's own CPU attention reads a larger page's slots "
+                "at the wrong offsets (wrong logits for every request but the first of a "
+                "batch); native_attention='paged' serves every page size"
             )
         experts = language_config(model_config)
         if settings.return_routed_experts and not any(map(experts.get, EXPERT_COUNT_KEYS)):
@@ -132,6 +137,7 @@ class RolloutEngine:
             valid_vocab_size=valid,
             sampler_configs=extra_sampler_configs([*settings.sampler_modes, *sampler_modes], valid),
             vocab_parallel=_vocab_parallel(settings, vocab),
+            native_attention=settings.native_attention,
         )
         self._lock = threading.Lock()  # one call at a time
         self._ending = threading.Lock()  # one shutdown at a time

@@ -17,6 +17,7 @@ from typing import Any
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ATTENTION_BACKENDS = ("fa", "native", "fa_mha")
+NATIVE_ATTENTIONS = ("paged", "upstream")
 SWITCHES = (
     "overlap_schedule",
     "vocab_parallel_sampler",
@@ -69,6 +70,12 @@ class EngineSettings:
     `SGL_JAX_ROLLOUT_COMPILATION_CACHE_DIR`, else no cache): JAX's persistent compilation cache
     for the whole process, engine and trainer (`utils.compilation_cache`): a start that finds
     its programs there reads them instead of compiling them.
+    `native_attention` (default "paged"): what serves sgl-jax's native attention backend, the
+    one it runs wherever the Pallas TPU kernel cannot (CPU, GPU). "paged": each request
+    attends over its own KV slots, at any `page_size` (`engine/paged_attention.py`);
+    "upstream": sgl-jax's own, every row against every request's slots, page_size 1 only on
+    CPU (it reads a larger page's slots at the wrong offsets), kept to compare with
+    (`bench attention`). The TPU kernel is not affected.
     """
 
     dtype: str = "auto"
@@ -94,6 +101,7 @@ class EngineSettings:
     vocab_parallel_sampler: bool = True
     return_routed_experts: bool = False
     share_group_prefill: bool = True
+    native_attention: str = "paged"
     compilation_cache_dir: str | None = None
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -106,6 +114,11 @@ class EngineSettings:
                 f"got {self.attention_backend!r}"
             )
         _positive("page_size", self.page_size)
+        if self.native_attention not in NATIVE_ATTENTIONS:
+            raise ValueError(
+                f"native_attention must be one of {list(NATIVE_ATTENTIONS)}, "
+                f"got {self.native_attention!r}"
+            )
         _positive("context_length", self.context_length, low=16)
         _positive("max_running_requests", self.max_running_requests)
         for name in ("precompile_bs_paddings", "precompile_token_paddings"):

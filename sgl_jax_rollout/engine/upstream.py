@@ -108,6 +108,7 @@ FUNCTIONS: dict[str, tuple[str, ...]] = {
     "ModelRunner.sample": ("self", "logits_output", "sampling_metadata"),
     "ModelRunner.initialize_jit": ("self",),
     "ModelRunner.init_memory_pool": ("self",),
+    "ModelRunner.init_attention_backend": ("self",),
     "ModelRunner.__init__": ("self",),
     "LoRAManager.__init__": ("self", "base_hf_config", "model_config"),
     "LoRAManager.init_memory_pool": ("self",),
@@ -134,6 +135,7 @@ FUNCTIONS: dict[str, tuple[str, ...]] = {
     "ForwardMode.is_extend": ("self",),
     "ForwardMode.is_decode": ("self",),
     "MHATokenToKVPool.get_fused_kv_buffer": ("self", "layer_id"),
+    "SWAKVPool.get_fused_kv_buffer": ("self", "layer_id"),
     "MHATokenToKVPool.set_kv_buffer_legacy": ("self", "layer_id", "loc", "cache_k", "cache_v"),
     "SWAKVPool.tree_flatten": ("self",),
     "forward_attention": (
@@ -163,6 +165,7 @@ ATTRIBUTES: dict[str, tuple[str, ...]] = {
     "ModelRunner": (
         *("model", "model_state_leaves", "model_config", "mesh", "req_to_token_pool"),
         *("_sampler_base_rng", "forward", "sample", "memory_pools", "attn_backend"),
+        "page_size",
     ),
     # memory.py (release / resume): the per-layer KV buffer lists, in place
     "MemoryPools": ("_pools",),
@@ -198,7 +201,7 @@ ATTRIBUTES: dict[str, tuple[str, ...]] = {
     "LoRAMemoryPool": (
         *("A_buffer", "B_buffer", "target_modules", "max_loras_per_batch", "max_lora_rank"),
     ),
-    "ModelConfig": ("hf_text_config",),  # lora_text_config
+    "ModelConfig": ("hf_text_config", "context_len"),  # lora_text_config, paged attention
     "BaseLayerWithLoRA": ("base_layer",),
     "LinearBase": ("weight",),
     "Llama3RotaryEmbedding": ("base", "_inv_freq_np"),

@@ -47,13 +47,17 @@ def test_a_groups_prompt_is_prefilled_once_and_the_samples_do_not_change(
     rollout, trainer, monkeypatch
 ):
     """4 prompts x n = 4 in one prefill batch: with sharing, the engine's counters say each
-    prompt was computed once plus one token per sample (upstream's prefix match always leaves
-    the last prompt token to compute); without, every copy computes its whole prompt. Same
-    seeds give the same tokens, and the logprobs still equal the trainer's."""
+    prompt was computed once plus, per sample, what upstream's prefix match leaves to compute
+    (the last prompt token at page size 1; past the last whole page before it at larger
+    pages, which the prefix cache keeps whole); without, every copy computes its whole prompt.
+    Same seeds give the same tokens, and the logprobs still equal the trainer's."""
     engine = rollout.engine
-    prompts = [f"{i}: the quick brown fox jumps over the lazy dog {i}" for i in range(4)]
-    cfg = config(max_tokens_to_generate=8, max_prompt_length=64)
-    unique = sum(map(len, rollout.prompt_token_ids(prompts, 64)))
+    page = engine.settings.page_size
+    prompts = [f"{i}: the quick brown fox jumps over the lazy dog {i} " * 4 for i in range(4)]
+    cfg = config(max_tokens_to_generate=8, max_prompt_length=128)
+    lengths = list(map(len, rollout.prompt_token_ids(prompts, 128)))
+    unique = sum(lengths)
+    left = sum(n - (n - 1) // page * page for n in lengths)  # per sample, after its prefix hit
     outs, computed = {}, {}
     for share in (False, True):
         monkeypatch.setattr(engine, "settings", engine.settings.replace(share_group_prefill=share))
@@ -62,8 +66,8 @@ def test_a_groups_prompt_is_prefilled_once_and_the_samples_do_not_change(
         outs[share] = rollout.generate(prompts, cfg, n=4)
         computed[share] = engine.prefill_counts.computed - before
     rows = len(outs[True].tokens)
-    assert computed[True] == unique + rows, computed
-    assert computed[True] <= 1.1 * unique + rows
+    assert rows == 16 and min(lengths) > 64  # a whole page of each prompt is shared at 64
+    assert computed[True] == unique + 4 * left, computed
     assert computed[False] == 4 * unique, computed
     for a, b in zip(outs[False].tokens, outs[True].tokens, strict=True):
         np.testing.assert_array_equal(a, b)

@@ -11,7 +11,8 @@ import pytest
 pytestmark = [pytest.mark.engine, pytest.mark.after_session_engine]
 
 
-def test_three_turn_chat_stays_aligned_with_rescoring(tiny_dir, trainer):
+@pytest.mark.parametrize("page_size", [1, 64])  # 64: the TPU presets' page size
+def test_three_turn_chat_stays_aligned_with_rescoring(tiny_dir, trainer, page_size):
     from sgl_jax_rollout.engine import patches
     from sgl_jax_rollout.rollout import SglangJaxRollout
     from sgl_jax_rollout.rollout_inputs import left_pad
@@ -23,7 +24,9 @@ def test_three_turn_chat_stays_aligned_with_rescoring(tiny_dir, trainer):
 
     if patches.current() is not None:
         pytest.skip("another engine is still running in this process")
-    rollout = SglangJaxRollout(model_path=tiny_dir, engine_settings=small_engine_settings())
+    rollout = SglangJaxRollout(
+        model_path=tiny_dir, engine_settings=small_engine_settings(page_size=page_size)
+    )
     # temperature 1, no truncation: processed logprobs are the model's own log-softmax
     config = RolloutConfig(max_tokens_to_generate=12, temperature=1.0, top_p=1.0, seed=3)
     try:

@@ -1,5 +1,6 @@
 """The model families users train, as tiny float32 replicas of their configs (`--like`), each
-through the `check` pre-flight: greedy tokens, processed logprobs at T 1 and 0.7 over
+through the `check` pre-flight at the TPU presets' KV page size (64; the suite's other engines
+run at 1): greedy tokens, processed logprobs at T 1 and 0.7 over
 completions past position 1,024, and one sync of perturbed weights, all against tunix's
 trainer-side `compute_per_token_logps`; for Gemma and Qwen3-MoE (mappings of our own) also
 LoRA syncs (engine-marked; one engine at a time, each shut down before the session rollout
@@ -14,6 +15,8 @@ from sgl_jax_rollout.tiny_model import LIKE_PRESETS
 
 pytestmark = pytest.mark.engine
 
+PRESET_PAGE_SIZE = 64  # tpu_configs' presets: 64 or 128
+
 
 @pytest.mark.parametrize("like", sorted(LIKE_PRESETS))
 def test_each_family_agrees_with_the_tunix_trainer_past_position_1024(like, tmp_path):
@@ -22,7 +25,13 @@ def test_each_family_agrees_with_the_tunix_trainer_past_position_1024(like, tmp_
 
     model_dir = make_tiny_model(tmp_path / like, like=like, dtype="float32")
     rows = check.run(
-        check.CheckConfig(model_path=str(model_dir), prompts=1, prompt_tokens=1024, max_tokens=16)
+        check.CheckConfig(
+            model_path=str(model_dir),
+            prompts=1,
+            prompt_tokens=1024,
+            max_tokens=16,
+            engine_settings={"page_size": PRESET_PAGE_SIZE},
+        )
     )
     failed = [f"{row.check}: {row.value:.3g} (limit {row.limit})" for row in rows if not row.ok]
     assert not failed, f"{like}: " + "; ".join(failed)

@@ -74,7 +74,10 @@ def _loss(out) -> float:
     return float(out.primary_loss.unreduced_sum) / float(out.primary_loss.denominator)
 
 
-def test_routing_is_returned_per_token_and_per_prompt_and_a_cached_prompt_keeps_its_own(moe_dir):
+@pytest.mark.parametrize("page_size", [1, 64])  # 64: the TPU presets' page size
+def test_routing_is_returned_per_token_and_per_prompt_and_a_cached_prompt_keeps_its_own(
+    moe_dir, page_size
+):
     """Each completion's routing has one row per token (the last -1), each prompt's one per
     prompt token; a prompt served again from the prefix cache returns the routing it was
     computed with, the float32 trainer routes every position as the rollout did, and a
@@ -90,7 +93,8 @@ def test_routing_is_returned_per_token_and_per_prompt_and_a_cached_prompt_keeps_
     from tunix_adapter.sessions import grpo_batch
 
     rollout = SglangJaxRollout(
-        model_path=moe_dir, engine_settings=small_engine_settings(return_routed_experts=True)
+        model_path=moe_dir,
+        engine_settings=small_engine_settings(return_routed_experts=True, page_size=page_size),
     )
     try:
         prompts = ["the cat sat on the mat " * 6, "a dog", "why is the sky blue? " * 3]

@@ -62,6 +62,7 @@ class EngineHooks:
     detokenizer_states: int = 0  # decode states the detokenizer held after its last batch
     sampler_configs: tuple[SamplerConfig, ...] = ()  # compiled at start besides the default
     vocab_parallel: bool = False  # the sampler runs on vocabulary-split logits (tp > 1)
+    native_attention: str = "paged"  # EngineSettings.native_attention
     precompiling: bool = False  # set while upstream precompiles
     slot_state: SlotState | None = None  # the sampler's device state, owned by the step thread
     # (the step's request ids, error) of sampler calls that failed: the scheduler thread fails

@@ -20,13 +20,16 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Float
 
 from sgl_jax_rollout.engine import upstream
 from sgl_jax_rollout.engine.dp_attention import per_rank_native_attention
-from sgl_jax_rollout.engine.patches.hooks import wrap
+from sgl_jax_rollout.engine.native_attention import (
+    context_bound,
+    paged_native_attention,
+    window_slots,
+)
+from sgl_jax_rollout.engine.patches.hooks import current, wrap
 
 
 def install() -> None:
@@ -35,6 +38,7 @@ def install() -> None:
     if not isinstance(scheduler.faulthandler, _SchedulerFaultHandler):
         scheduler.faulthandler = _SchedulerFaultHandler()
     wrap(get("NativeAttention"), "__call__", _native_attention)
+    wrap(get("ModelRunner"), "init_attention_backend", _paged_native_attention_chosen)
     swa_pool = get("SWAKVPool")
     if not hasattr(swa_pool, "set_kv_buffer_legacy"):
         swa_pool.set_kv_buffer_legacy = _swa_set_kv_buffer_legacy
@@ -60,8 +64,12 @@ def _llama3_scaled_frequencies(original, self, *args, **kwargs):
 
 
 def _native_attention(original, self, q, k, v, layer, forward_batch, token_to_kv_pool, **kwargs):
-    """native_attention_per_rank, attention_logit_cap and swa_pool_native_attention, on
-    upstream's CPU attention."""
+    """paged_native_attention where the engine chose it (the backend carries its context
+    bound); else native_attention_per_rank, attention_logit_cap and swa_pool_native_attention,
+    on upstream's CPU attention."""
+    if getattr(self, "paged_context", None):
+        args = (self, q, k, v, layer, forward_batch, token_to_kv_pool)
+        return paged_native_attention(*args, **kwargs)
     if isinstance(token_to_kv_pool, upstream.get("SWAKVPool")):
         if self.mesh.shape.get("data", 1) > 1:
             raise NotImplementedError(
@@ -81,6 +89,22 @@ def _native_attention(original, self, q, k, v, layer, forward_batch, token_to_kv
         _SCORE_CAP.reset(token)
 
 
+def _paged_native_attention_chosen(original, self, *args, **kwargs):
+    """paged_native_attention: a native backend built for an engine whose `native_attention`
+    is "paged" carries the most slots a request can hold (`paged_context`, static: it is part
+    of every traced forward's key)."""
+    out = original(self, *args, **kwargs)
+    backend = self.attn_backend
+    if isinstance(backend, upstream.get("NativeAttention")) and _paged_chosen():
+        backend.paged_context = context_bound(self.model_config.context_len, self.page_size)
+    return out
+
+
+def _paged_chosen() -> bool:
+    hooks = current()
+    return hooks is not None and hooks.native_attention == "paged"
+
+
 def swa_cache_loc(forward_batch: Any, pool: Any, layer_id: int) -> Any:
     """swa_pool_native_attention, the read: `forward_batch` with `cache_loc` (the slots the
     layer attends over, in the full pool's slot space) in the slot space of the pool that
@@ -89,20 +113,6 @@ def swa_cache_loc(forward_batch: Any, pool: Any, layer_id: int) -> Any:
     if not pool.layers_mapping[layer_id][1]:
         return forward_batch
     return dataclasses.replace(forward_batch, cache_loc=window_slots(pool, forward_batch.cache_loc))
-
-
-def window_slots(pool: Any, loc: Int[Array, " tokens"]) -> Int[Array, " tokens"]:
-    """Full-pool slots `loc` in the sliding-window sub-pool's slot space: upstream's
-    `SWAKVPool._remap_swa_loc` (dp 1), with the host mapping replicated on the pool's mesh
-    (upstream indexes it as an array of no mesh, which fails beside `loc` sharded over the
-    explicit mesh's "data" axis) and negative (padding) slots kept, to be dropped."""
-    everywhere = NamedSharding(pool.swa_kv_pool.mesh, P())  # the traced pool keeps no mesh
-    mapping = jax.sharding.reshard(jnp.asarray(pool.full_to_swa_index_mapping), everywhere)
-    replicated = jax.sharding.reshard(loc, everywhere)
-    slots = mapping[jnp.maximum(replicated, 0)].astype(loc.dtype)
-    return jax.sharding.reshard(
-        jnp.where(replicated < 0, replicated, slots), jax.typeof(loc).sharding
-    )
 
 
 def _window_mapping_copied(original, self):

@@ -19,7 +19,9 @@ import pytest
 
 pytestmark = pytest.mark.engine
 
-PROMPTS = ["the quick brown fox", "hello world again"]
+# Over 64 tokens with their completions: at the TPU presets' page size the prefix cache keeps
+# whole pages only (test_page_size_engine.py runs these tests at 64).
+PROMPTS = ["the quick brown fox jumps over the lazy dog " * 3, "hello world again " * 6]
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +39,9 @@ def engine_rollout(tiny_dir):
 def config(**changes):
     from tests.sgl_jax_rollout.test_rollout import config as rollout_config
 
-    return rollout_config(**{"max_tokens_to_generate": 16, "seed": [1, 2], **changes})
+    return rollout_config(
+        **{"max_tokens_to_generate": 16, "max_prompt_length": 96, "seed": [1, 2], **changes}
+    )
 
 
 def assert_same_samples(a, b) -> None:

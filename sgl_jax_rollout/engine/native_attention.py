@@ -1,0 +1,139 @@
+"""The `paged_native_attention` patch's body: sgl-jax's native attention backend (the one it
+runs on CPU and GPU) served by `paged_attention.py`.
+
+Owns `paged_native_attention` (what `NativeAttention.__call__` runs when the engine's
+`native_attention` setting is "paged", `patches/upstream_fixes.py`), `context_bound`, and
+`window_slots`, the slot translation of the sliding-window pool (used by the upstream path's
+fixes too).
+Checked against sgl-project/sglang-jax cddbf6f1 (`layers/attention/native_backend.py`
+`NativeAttention.__call__`, `mem_cache/memory_pool.py` `merge_kv` and `SWAKVPool`).
+
+Per data-parallel rank and tensor shard (`shard_map` over the backend's mesh, as the
+flash-attention backend runs its kernel): the layer's new K / V written into its fused buffer
+at `out_cache_loc` (upstream `merge_kv`, then a scatter XLA does in place on the donated
+pools), then decode or extend attention over each request's own slots. A windowed layer of
+the hybrid pool (Gemma 4) writes and reads the window pool's slots (`window_slots`). Returns
+the attention output and the layer's updated buffer, as upstream's `__call__` does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+from jaxtyping import Array, Int
+
+from sgl_jax_rollout.engine import paged_attention, upstream
+
+DATA, TENSOR = "data", "tensor"
+
+
+def context_bound(context_len: int, page_size: int) -> int:
+    """The most slots one request can hold: the model's context rounded up to whole pages
+    (sgl-jax's `max_req_len` is at most `context_len - 1`)."""
+    return -(-context_len // page_size) * page_size
+
+
+def paged_native_attention(
+    backend: Any, q, k, v, layer: Any, forward_batch: Any, pool: Any, **kwargs: Any
+) -> tuple[jax.Array, jax.Array]:
+    """`NativeAttention.__call__` on the paged attention: the layer's output `[tokens,
+    heads * head_dim]` and its updated fused KV buffer."""
+    forward_mode = upstream.get("ForwardMode")
+    mode = forward_batch.forward_mode
+    decode = mode == forward_mode.DECODE
+    if not (decode or mode.is_extend()):
+        raise NotImplementedError(
+            f"the paged native attention serves extend and decode, not {mode}"
+        )
+    head_dim = layer.head_dim
+    causal = not decode and layer.attn_type != upstream.get("AttentionType").ENCODER_ONLY
+    scale = layer.scaling if layer.scaling is not None else 1.0 / float(head_dim) ** 0.5
+    sink = kwargs.get("attention_sink")
+    sink = getattr(sink, "value", sink)
+    out_loc, cache_loc = forward_batch.out_cache_loc, forward_batch.cache_loc
+    data = backend.mesh.shape.get(DATA, 1)
+    if isinstance(pool, upstream.get("SWAKVPool")) and pool.layers_mapping[layer.layer_id][1]:
+        if data > 1:
+            raise NotImplementedError(
+                "dp_size > 1 on the native attention backend with a sliding-window KV pool "
+                "(models whose windowed layers have their own KV shape, Gemma 4)"
+            )
+        out_loc, cache_loc = window_slots(pool, out_loc), window_slots(pool, cache_loc)
+    fused = pool.get_fused_kv_buffer(layer.layer_id)
+    page_size = fused.shape[1]
+    merge_kv = upstream.get("merge_kv")
+    options = paged_attention.ScoreOptions(
+        scale=scale,
+        logit_cap=getattr(layer, "logit_cap", None) or None,
+        window=layer.sliding_window_size,
+        softmax_dtype=layer.softmax_dtype,
+        temperature_len=getattr(layer, "xai_temperature_len", None),
+    )
+    context = backend.paged_context
+
+    def rank(q, k, v, fused, out_loc, seq_lens, cache_loc, prefix, extend, *sink):
+        common = dict(
+            page_size=page_size, context=context, options=options, sink=sink[0] if sink else None
+        )
+        new = merge_kv(k, v)
+        fused = paged_attention.write_kv(
+            fused, out_loc, new.reshape(new.shape[0], -1, new.shape[-1])
+        )
+        if decode:
+            out = paged_attention.decode_attention(q, fused, cache_loc, seq_lens, **common)
+        else:
+            out = paged_attention.extend_attention(
+                q, fused, cache_loc, seq_lens, prefix, extend, causal=causal, **common
+            )
+        return out.reshape(q.shape[0], -1), fused
+
+    zeros = jnp.zeros_like(forward_batch.seq_lens)
+    prefix = zeros if decode else forward_batch.extend_prefix_lens
+    extend = zeros if decode else forward_batch.extend_seq_lens
+    rows = P(DATA)
+    heads = P(DATA, TENSOR)
+    sinks = () if sink is None else (sink,)  # per query head, split as the heads are
+    return jax.shard_map(
+        rank,
+        mesh=backend.mesh,
+        in_specs=(
+            *(heads, heads, heads, P(DATA, None, TENSOR, None, None)),
+            *[rows] * 5,
+            *[P(TENSOR)] * len(sinks),
+        ),
+        out_specs=(heads, P(DATA, None, TENSOR, None, None)),
+        check_vma=False,
+    )(
+        _heads(q, head_dim),
+        _heads(k, head_dim),
+        _heads(v, head_dim),
+        fused,
+        out_loc,
+        forward_batch.seq_lens,
+        cache_loc,
+        prefix,
+        extend,
+        *sinks,
+    )
+
+
+def window_slots(pool: Any, loc: Int[Array, " tokens"]) -> Int[Array, " tokens"]:
+    """Full-pool slots `loc` in the sliding-window sub-pool's slot space: upstream's
+    `SWAKVPool._remap_swa_loc` (dp 1), with the host mapping replicated on the pool's mesh
+    (upstream indexes it as an array of no mesh, which fails beside `loc` sharded over the
+    explicit mesh's "data" axis) and negative (padding) slots kept, to be dropped."""
+    everywhere = NamedSharding(pool.swa_kv_pool.mesh, P())  # the traced pool keeps no mesh
+    mapping = jax.sharding.reshard(jnp.asarray(pool.full_to_swa_index_mapping), everywhere)
+    replicated = jax.sharding.reshard(loc, everywhere)
+    slots = mapping[jnp.maximum(replicated, 0)].astype(loc.dtype)
+    return jax.sharding.reshard(
+        jnp.where(replicated < 0, replicated, slots), jax.typeof(loc).sharding
+    )
+
+
+def _heads(x: Any, head_dim: int) -> jax.Array:
+    return x.reshape(x.shape[0], -1, head_dim)

@@ -1,0 +1,263 @@
+"""Attention over a paged KV cache that reads each request's own slots, in plain JAX.
+
+Owns `ScoreOptions`, `write_kv` (the layer's KV write, a scatter into the fused buffer that
+XLA does in place when the buffer is donated), `decode_attention`, `extend_attention`,
+`extend_block` and `request_offsets`.
+They work on one shard: the `paged_native_attention` patch (`native_attention.py`) runs them
+per data-parallel rank and tensor shard under `shard_map`. Nothing here imports sgl-jax or
+this project, so the module can be sent upstream as it is.
+
+The layout they read is sgl-jax's (checked against sgl-project/sglang-jax cddbf6f1):
+- the fused buffer `[pages, page_size, 2 * kv_heads / packing, packing, head_dim_padded]`,
+  K of head h at flat head slot 2h and V at 2h + 1 (`mem_cache/memory_pool.py` `merge_kv`),
+  head_dim padded to a multiple of 128;
+- `cache_loc`, the KV slot of every token of every request, request after request, each
+  request's run padded to a whole number of pages (`ScheduleBatch._merge_cache_loc`,
+  `managers/schedule_batch.py:2428-2431`): request r's tokens start at `request_offsets`[r].
+  Upstream's native backend reads them at `cumsum(seq_lens)`, right only for page_size 1.
+
+Both modes run one computation, `_attend_own_slots`: blocks of queries, each block of one
+request, attend over that request's own slots, gathered through `cache_loc` into a
+`[blocks, context]` layout (`context` is a static bound the caller gives: the engine's longest
+request). Decode: a block per row, one query each: `rows x context` work, against upstream's
+`rows x len(cache_loc)` (every row against every request's slots, masked). Extend: each
+request's new tokens in blocks of `extend_block` (a request never shares a block), attending
+causally to the request's prefix and to the new tokens before them: at most
+`2 x tokens x context` work, against upstream's `tokens x len(cache_loc)`, where
+`len(cache_loc)` is the largest batch bucket's worth of requests.
+GQA groups query heads over their KV head (no repeat); sliding windows, attention soft-caps,
+attention sinks, xai temperature scaling and a softmax dtype are served as upstream's native
+backend serves them. KV is never copied whole: the write is a scatter, the read a gather of
+the slots a block needs, of the head_dim columns the model has (the pool pads to 128).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float, Int
+
+
+@dataclasses.dataclass(frozen=True)
+class ScoreOptions:
+    """How a layer's scores become weights, as upstream's native backend computes them:
+    `scale` times q.k, soft-capped at `logit_cap`, scaled by xai temperature past
+    `temperature_len`, masked to the last `window` positions, softmax in `softmax_dtype`."""
+
+    scale: float
+    logit_cap: float | None = None
+    window: int | None = None
+    softmax_dtype: Any = None
+    temperature_len: float | None = None
+
+
+def request_offsets(seq_lens: Int[Array, " reqs"], page_size: int) -> Int[Array, " reqs"]:
+    """Where each request's slots start in `cache_loc`: the exclusive sum of the requests'
+    lengths, each rounded up to whole pages."""
+    aligned = (seq_lens + page_size - 1) // page_size * page_size
+    return jnp.cumsum(aligned) - aligned
+
+
+def write_kv(
+    fused: Float[Array, "pages page_size heads_per_pack packing dim"],
+    out_loc: Int[Array, " tokens"],
+    new: Float[Array, "tokens heads_x2 dim"],
+) -> Float[Array, "pages page_size heads_per_pack packing dim"]:
+    """`new` (K and V interleaved per head, as the buffer keeps them) written at token slots
+    `out_loc` (negative: padding, dropped). Indexed by (page, offset) on the buffer's own
+    shape: a scatter through a flattened view made XLA copy the whole buffer (measured on CPU:
+    a temporary the size of the layer's cache, none this way)."""
+    pages, page_size, heads_per_pack, packing, dim = fused.shape
+    slots = jnp.where(out_loc >= 0, out_loc, pages * page_size)
+    rows = new.reshape(new.shape[0], heads_per_pack, packing, dim).astype(fused.dtype)
+    return fused.at[slots // page_size, slots % page_size].set(rows, mode="drop")
+
+
+def _gather_kv(
+    fused: Float[Array, "pages page_size heads_per_pack packing dim"],
+    slots: Int[Array, "*dims"],
+    head_dim: int,
+) -> tuple[jax.Array, jax.Array]:
+    """K and V `[*slots.shape, kv_heads, head_dim]` at `slots`: one gather, by (page, offset)
+    on the buffer's own shape, of each slot's first `head_dim` columns (the buffer's padding
+    is never read), then split."""
+    pages, page_size, heads_per_pack, packing, dim = fused.shape
+    flat = slots.reshape(-1)
+    index = jnp.stack([flat // page_size, flat % page_size], axis=-1)
+    kv = jax.lax.gather(
+        fused,
+        index,
+        jax.lax.GatherDimensionNumbers(
+            offset_dims=(1, 2, 3), collapsed_slice_dims=(0, 1), start_index_map=(0, 1)
+        ),
+        slice_sizes=(1, 1, heads_per_pack, packing, head_dim),
+        mode=jax.lax.GatherScatterMode.CLIP,
+    )
+    kv = kv.reshape(*slots.shape, heads_per_pack * packing // 2, 2, head_dim)
+    return kv[..., 0, :], kv[..., 1, :]
+
+
+def extend_block(tokens: int, reqs: int) -> int:
+    """Queries per block in an extend of `tokens` (the token bucket) over `reqs` (the batch
+    bucket): a power of two near `tokens / reqs`, at most 64, so that the blocks (at most
+    `tokens / block + reqs`) hold at most twice the bucket's tokens."""
+    block = 1
+    while block < 64 and block * 2 <= tokens // max(reqs, 1):
+        block *= 2
+    return block
+
+
+def decode_attention(
+    q: Float[Array, "rows heads head_dim"],
+    fused: Float[Array, "pages page_size heads_per_pack packing dim"],
+    cache_loc: Int[Array, " slots"],
+    seq_lens: Int[Array, " reqs"],
+    *,
+    page_size: int,
+    context: int,
+    options: ScoreOptions,
+    sink: Float[Array, " heads"] | None = None,
+) -> Float[Array, "rows heads head_dim"]:
+    """One new token per request: row r attends to request r's first `seq_lens[r]` slots
+    (its last `window` with a sliding window). `context` bounds every request's length
+    (static). Rows past the requests get zeros."""
+    rows, heads, head_dim = q.shape
+    n = min(rows, seq_lens.shape[0])
+    lens = seq_lens[:n]
+    out = _attend_own_slots(
+        q[:n, None],
+        (lens - 1)[:, None],
+        jnp.ones((n, 1), bool),
+        jnp.arange(n),
+        fused,
+        cache_loc,
+        seq_lens,
+        page_size=page_size,
+        context=context,
+        options=options,
+        causal=True,
+        sink=sink,
+        temperature=_temperature_regulator(lens[:, None], options.temperature_len),
+    )[:, 0]
+    if n < rows:
+        out = jnp.concatenate([out, jnp.zeros((rows - n, heads, head_dim), out.dtype)])
+    return out
+
+
+def extend_attention(
+    q: Float[Array, "tokens heads head_dim"],
+    fused: Float[Array, "pages page_size heads_per_pack packing dim"],
+    cache_loc: Int[Array, " slots"],
+    seq_lens: Int[Array, " reqs"],
+    prefix_lens: Int[Array, " reqs"],
+    extend_lens: Int[Array, " reqs"],
+    *,
+    page_size: int,
+    context: int,
+    options: ScoreOptions,
+    causal: bool = True,
+    sink: Float[Array, " heads"] | None = None,
+) -> Float[Array, "tokens heads head_dim"]:
+    """New tokens of several requests, packed request after request (`extend_lens`): each
+    attends to its request's slots up to its own position (`prefix_lens` + its index among
+    the request's new tokens), or to all of them when not `causal`. `context` bounds every
+    request's length (static). Tokens past the requests get zeros."""
+    tokens, heads, head_dim = q.shape
+    reqs = seq_lens.shape[0]
+    size = extend_block(tokens, reqs)
+    blocks = (extend_lens + size - 1) // size
+    block_end = jnp.cumsum(blocks)
+    block = jnp.arange(-(-tokens // size) + reqs)
+    owner = jnp.searchsorted(block_end, block, side="right")
+    real = owner < reqs
+    owner = jnp.minimum(owner, reqs - 1)
+    local = (block - (block_end - blocks)[owner])[:, None] * size + jnp.arange(size)
+    q_valid = real[:, None] & (local < extend_lens[owner][:, None])
+    token = jnp.where(
+        q_valid, (jnp.cumsum(extend_lens) - extend_lens)[owner][:, None] + local, tokens
+    )
+    positions = prefix_lens[owner][:, None] + local
+    out = _attend_own_slots(
+        q[jnp.minimum(token, tokens - 1)],
+        positions,
+        q_valid,
+        owner,
+        fused,
+        cache_loc,
+        seq_lens,
+        page_size=page_size,
+        context=context,
+        options=options,
+        causal=causal,
+        sink=sink,
+        temperature=_temperature_regulator(positions, options.temperature_len),
+    )
+    placed = jnp.zeros((tokens, heads, head_dim), out.dtype)
+    return placed.at[token.reshape(-1)].set(out.reshape(-1, heads, head_dim), mode="drop")
+
+
+def _attend_own_slots(
+    q: Float[Array, "blocks size heads head_dim"],
+    positions: Int[Array, "blocks size"],
+    q_valid: Bool[Array, "blocks size"],
+    owner: Int[Array, " blocks"],
+    fused: Float[Array, "pages page_size heads_per_pack packing dim"],
+    cache_loc: Int[Array, " slots"],
+    seq_lens: Int[Array, " reqs"],
+    *,
+    page_size: int,
+    context: int,
+    options: ScoreOptions,
+    causal: bool,
+    sink: Float[Array, " heads"] | None,
+    temperature: Float[Array, "blocks size"] | None,
+) -> Float[Array, "blocks size heads head_dim"]:
+    """Each block's queries (of request `owner`) over the request's first `context` slots:
+    key j is seen by a query at `positions` p when j < the request's length, j <= p when
+    `causal`, and p - j < window with a window (upstream's masks)."""
+    blocks, size, heads, head_dim = q.shape
+    context = min(context, cache_loc.shape[0])
+    keys = jnp.arange(context)
+    index = request_offsets(seq_lens, page_size)[owner][:, None] + keys
+    slots = cache_loc[jnp.minimum(index, cache_loc.shape[0] - 1)]
+    k, v = _gather_kv(fused, slots, head_dim)  # [blocks, context, kv_heads, head_dim]
+    kv_heads = k.shape[2]
+    group = heads // kv_heads
+    seen = (keys < seq_lens[owner][:, None])[:, None, :] & q_valid[:, :, None]
+    if causal:
+        seen = seen & (keys <= positions[:, :, None])
+    if options.window is not None:
+        seen = seen & (positions[:, :, None] - keys < options.window)
+    grouped = q.reshape(blocks, size, kv_heads, group, head_dim)
+    scores = jnp.einsum("nbkgd,nckd->nkgbc", grouped, k) * options.scale
+    if options.logit_cap:
+        scores = options.logit_cap * jnp.tanh(scores / options.logit_cap)
+    if temperature is not None:
+        scores = scores * temperature[:, None, None, :, None]
+    neg = jnp.asarray(jnp.finfo(scores.dtype).min, scores.dtype)
+    scores = jnp.where(seen[:, None, None], scores, neg)
+    if options.softmax_dtype is not None:
+        scores = scores.astype(options.softmax_dtype)
+    top = jnp.max(scores, axis=-1, keepdims=True)
+    exp = jnp.exp(scores - top)
+    total = jnp.sum(exp, axis=-1, keepdims=True)
+    if sink is not None:
+        total = total + jnp.exp(sink.reshape(1, kv_heads, group, 1, 1) - top)
+    weights = exp / total
+    if options.softmax_dtype is not None and weights.dtype != v.dtype:
+        weights = weights.astype(v.dtype)
+    out = jnp.einsum("nkgbc,nckd->nbkgd", weights, v)
+    return out.reshape(blocks, size, heads, head_dim)
+
+
+def _temperature_regulator(positions, temperature_len):
+    """xai temperature scaling of the scores by query position, as upstream's native backend
+    (`native_backend.py:262-283`)."""
+    if not temperature_len or temperature_len <= 0:
+        return None
+    log_pos = jnp.log2(jnp.maximum(positions.astype(jnp.float32), 1.0))
+    factor = log_pos / jnp.log2(float(temperature_len))
+    return jnp.where(positions > temperature_len, factor, 1.0)

@@ -1,0 +1,185 @@
+"""`paged_attention` against a float64 numpy reference of attention per request: requests laid
+out as sgl-jax lays them (page-aligned runs of `cache_loc`, pages scattered over the pool),
+page sizes 1 and 16, GQA, sliding windows, soft-caps, sinks, padding rows and tokens."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from sgl_jax_rollout.engine import paged_attention
+
+HEADS, KV_HEADS, HEAD_DIM, DIM = 6, 2, 64, 128  # the pool pads head_dim to 128
+
+
+def _pool(rng, page_size, seq_lens):
+    """A fused buffer of random K / V, and `cache_loc` for requests of `seq_lens` on
+    scattered pages, laid out as `ScheduleBatch._merge_cache_loc` lays them."""
+    pages = sum(-(-n // page_size) for n in seq_lens) + 8
+    fused = rng.normal(size=(pages, page_size, 2 * KV_HEADS, 1, DIM)).astype(np.float32)
+    free = list(rng.permutation(np.arange(1, pages)))  # page 0 is the pool's padding page
+    cache_loc, runs = [], []
+    for n in seq_lens:
+        own = [free.pop() for _ in range(-(-n // page_size))]
+        slots = [p * page_size + j for p in own for j in range(page_size)]
+        runs.append(np.asarray(slots[:n], np.int64))
+        cache_loc += slots
+    cache_loc += [0] * 13  # the bucket's padding
+    return fused, np.asarray(cache_loc, np.int32), runs
+
+
+def _kv(fused, slots):
+    flat = fused.reshape(-1, 2 * KV_HEADS, DIM).astype(np.float64)
+    return flat[slots, 0::2, :HEAD_DIM], flat[slots, 1::2, :HEAD_DIM]
+
+
+def _reference(q, k, v, scale, cap, sink, allowed):
+    """One query `[heads, head_dim]` over keys `[keys, kv_heads, head_dim]`, `allowed` a
+    boolean per key."""
+    group = HEADS // KV_HEADS
+    out = np.zeros((HEADS, HEAD_DIM))
+    for h in range(HEADS):
+        s = k[:, h // group] @ q[h] * scale
+        if cap:
+            s = cap * np.tanh(s / cap)
+        s = np.where(allowed, s, -np.inf)
+        top = s.max()
+        e = np.exp(s - top)
+        total = e.sum() + (np.exp(sink[h] - top) if sink is not None else 0.0)
+        out[h] = (e / total) @ v[:, h // group]
+    return out
+
+
+def _options(scale, case):
+    return paged_attention.ScoreOptions(scale=scale, logit_cap=case["cap"], window=case["window"])
+
+
+CASES = [
+    dict(page_size=1, cap=None, window=None, sink=False, causal=True),
+    dict(page_size=16, cap=None, window=None, sink=False, causal=True),
+    dict(page_size=16, cap=30.0, window=9, sink=True, causal=True),
+    dict(page_size=4, cap=None, window=20, sink=False, causal=False),  # decode: causal
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
+def test_decode_reads_each_rows_own_slots(case):
+    rng = np.random.default_rng(case["page_size"])
+    seq_lens = [5, 37, 16, 1]
+    fused, cache_loc, runs = _pool(rng, case["page_size"], seq_lens)
+    rows = 6  # two padding rows past the requests, one padding request
+    lens = np.asarray(seq_lens + [0], np.int32)
+    q = rng.normal(size=(rows, HEADS, HEAD_DIM)).astype(np.float32)
+    sink = rng.normal(size=HEADS).astype(np.float32) if case["sink"] else None
+    scale = 0.125
+    out = paged_attention.decode_attention(
+        jnp.asarray(q),
+        jnp.asarray(fused),
+        jnp.asarray(cache_loc),
+        jnp.asarray(lens),
+        page_size=case["page_size"],
+        context=48,
+        options=_options(scale, case),
+        sink=None if sink is None else jnp.asarray(sink),
+    )
+    out = np.asarray(out)
+    for r, slots in enumerate(runs):
+        k, v = _kv(fused, slots)
+        pos = np.arange(len(slots))
+        allowed = pos >= len(slots) - case["window"] if case["window"] else pos >= 0
+        want = _reference(q[r].astype(np.float64), k, v, scale, case["cap"], sink, allowed)
+        np.testing.assert_allclose(out[r], want, rtol=2e-5, atol=2e-5, err_msg=f"row {r}")
+    np.testing.assert_array_equal(out[len(seq_lens) + 1 :], 0)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
+def test_extend_writes_then_attends_causally_to_its_own_request(case):
+    rng = np.random.default_rng(10 + case["page_size"])
+    prefix, extend = [0, 30, 3], [5, 7, 16]
+    seq_lens = [p + e for p, e in zip(prefix, extend, strict=True)]
+    fused, cache_loc, runs = _pool(rng, case["page_size"], seq_lens)
+    tokens = sum(extend) + 4  # the token bucket's padding
+    new_k = rng.normal(size=(tokens, KV_HEADS, HEAD_DIM)).astype(np.float32)
+    new_v = rng.normal(size=(tokens, KV_HEADS, HEAD_DIM)).astype(np.float32)
+    out_loc = np.concatenate(
+        [slots[p:] for slots, p in zip(runs, prefix, strict=True)] + [np.full(4, -1)]
+    ).astype(np.int32)
+    new = np.zeros((tokens, 2 * KV_HEADS, DIM), np.float32)
+    new[:, 0::2, :HEAD_DIM], new[:, 1::2, :HEAD_DIM] = new_k, new_v
+    written = paged_attention.write_kv(jnp.asarray(fused), jnp.asarray(out_loc), jnp.asarray(new))
+    q = rng.normal(size=(tokens, HEADS, HEAD_DIM)).astype(np.float32)
+    sink = rng.normal(size=HEADS).astype(np.float32) if case["sink"] else None
+    scale = 0.125
+    out = paged_attention.extend_attention(
+        jnp.asarray(q),
+        written,
+        jnp.asarray(cache_loc),
+        jnp.asarray(np.asarray(seq_lens + [0], np.int32)),  # and a padding request
+        jnp.asarray(np.asarray(prefix + [0], np.int32)),
+        jnp.asarray(np.asarray(extend + [0], np.int32)),
+        page_size=case["page_size"],
+        context=48,
+        options=_options(scale, case),
+        causal=case["causal"],
+        sink=None if sink is None else jnp.asarray(sink),
+    )
+    out = np.asarray(out)
+    expected_buffer = fused.reshape(-1, 2 * KV_HEADS, DIM).copy()
+    expected_buffer[out_loc[out_loc >= 0]] = new[out_loc >= 0]
+    np.testing.assert_array_equal(
+        np.asarray(written).reshape(expected_buffer.shape), expected_buffer
+    )
+    t = 0
+    for r, slots in enumerate(runs):
+        k, v = _kv(expected_buffer.reshape(fused.shape), slots)
+        for i in range(extend[r]):
+            pos = prefix[r] + i
+            keys = np.arange(len(slots))
+            allowed = keys <= pos if case["causal"] else keys >= 0
+            if case["window"]:
+                allowed &= pos - keys < case["window"]
+            want = _reference(q[t].astype(np.float64), k, v, scale, case["cap"], sink, allowed)
+            np.testing.assert_allclose(out[t], want, rtol=2e-5, atol=2e-5, err_msg=f"{r}/{i}")
+            t += 1
+    np.testing.assert_array_equal(out[t:], 0)
+
+
+def test_request_offsets_round_each_request_up_to_whole_pages():
+    offsets = paged_attention.request_offsets(jnp.asarray([5, 16, 17, 0, 3]), 16)
+    np.testing.assert_array_equal(np.asarray(offsets), [0, 16, 32, 64, 64])
+
+
+@pytest.mark.parametrize("mode", ["decode", "extend"])
+def test_a_layers_write_and_read_copy_no_whole_buffer(mode):
+    """The KV write is a scatter XLA does in place on the donated buffer, and the read gathers
+    only the slots it needs: the compiled step's temporaries stay far below one layer's cache
+    (upstream's write through a flattened view copied the whole buffer every layer and step)."""
+    import jax
+
+    page_size, pages, rows = 16, 512, 8
+    fused = jnp.zeros((pages, page_size, 2 * KV_HEADS, 1, DIM), jnp.float32)
+    q = jnp.zeros((rows, HEADS, HEAD_DIM), jnp.float32)
+    cache_loc = jnp.arange(rows * 64, dtype=jnp.int32)
+    lens = jnp.full((rows,), 64, jnp.int32)
+    new = jnp.zeros((rows, 2 * KV_HEADS, DIM), jnp.float32)
+
+    def step(fused, q, out_loc, new):
+        fused = paged_attention.write_kv(fused, out_loc, new)
+        common = dict(
+            page_size=page_size, context=64, options=paged_attention.ScoreOptions(scale=0.125)
+        )
+        if mode == "decode":
+            out = paged_attention.decode_attention(q, fused, cache_loc, lens, **common)
+        else:
+            ones = jnp.ones_like(lens)
+            out = paged_attention.extend_attention(
+                q, fused, cache_loc, lens, lens - 1, ones, **common
+            )
+        return out, fused
+
+    out_loc = jnp.arange(rows, dtype=jnp.int32) * 64
+    compiled = jax.jit(step, donate_argnums=0).lower(fused, q, out_loc, new).compile()
+    memory = compiled.memory_analysis()
+    assert memory.alias_size_in_bytes == fused.nbytes  # the buffer comes back in place
+    assert memory.temp_size_in_bytes < fused.nbytes / 4, memory.temp_size_in_bytes
