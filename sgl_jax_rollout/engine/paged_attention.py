@@ -82,16 +82,18 @@ def _gather_kv(
     head_dim: int,
 ) -> tuple[jax.Array, jax.Array]:
     """K and V `[*slots.shape, kv_heads, head_dim]` at `slots`: one gather, by (page, offset)
-    on the buffer's own shape, of each slot's first `head_dim` columns (the buffer's padding
-    is never read), then split."""
+    on the buffer's own shape, of each slot's first `head_dim` columns (the pool pads head_dim
+    to 128; the padding is never read), then split. Of the layouts measured on CPU for a
+    decode step of 64 rows x 1,088 slots (whole rows cut afterwards; K and V contracted
+    interleaved; heads before slots), this one gave the fastest step."""
     pages, page_size, heads_per_pack, packing, dim = fused.shape
-    flat = slots.reshape(-1)
-    index = jnp.stack([flat // page_size, flat % page_size], axis=-1)
+    index = jnp.stack([slots // page_size, slots % page_size], axis=-1)
+    offset = tuple(range(slots.ndim, slots.ndim + 3))
     kv = jax.lax.gather(
         fused,
         index,
         jax.lax.GatherDimensionNumbers(
-            offset_dims=(1, 2, 3), collapsed_slice_dims=(0, 1), start_index_map=(0, 1)
+            offset_dims=offset, collapsed_slice_dims=(0, 1), start_index_map=(0, 1)
         ),
         slice_sizes=(1, 1, heads_per_pack, packing, head_dim),
         mode=jax.lax.GatherScatterMode.CLIP,
