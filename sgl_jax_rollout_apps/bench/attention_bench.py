@@ -8,7 +8,8 @@ of 16,384 tokens, prefill in chunks of 256 tokens. Upstream's work grows with th
 extend attends every new token to the largest batch bucket's slots, up to the whole pool; a
 decode row to its batch bucket's); ours with the context only. A pool sized for 64 distinct
 1,088-token requests (69,632 tokens) made upstream's half of this bench run past an hour on a
-2-core CPU, so the requests share their prompt (below) and the pool is what that needs.
+2-core CPU, so the requests share their prompt (below) and the pool is what that needs;
+even so upstream's half on SmolLM2 runs past 20 minutes there (`--model-path` runs one model).
 Each engine measures, greedy and with EOS ignored:
 
 - `decode_step_s` at rows {8, 64} x context {128, 1024}: the rows share one prompt of that

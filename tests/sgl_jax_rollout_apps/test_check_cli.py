@@ -1,0 +1,22 @@
+"""`sgl-jax-rollout check`'s engine flags reach the check's engine settings (the check itself,
+replaced here by a test double that records its config, runs in
+tests/tunix_adapter/test_check_engine.py and test_families_engine.py)."""
+
+from sgl_jax_rollout_apps import cli
+
+
+def test_page_size_attention_and_dtype_flags_reach_the_engine_settings(monkeypatch):
+    from tunix_adapter import check
+
+    seen = []
+    monkeypatch.setattr(cli, "_engine_missing", lambda *args: False)
+    monkeypatch.setattr(check, "run", lambda config: seen.append(config) or [])
+    flags = ["--page-size", "64", "--native-attention", "upstream", "--dtype", "bfloat16"]
+    assert cli.main(["check", "--model-path", "m", *flags]) == 0
+    assert cli.main(["check", "--model-path", "m"]) == 0
+    assert seen[0].engine_settings == {
+        "dtype": "bfloat16",
+        "page_size": 64,
+        "native_attention": "upstream",
+    }
+    assert seen[1].engine_settings == {}
