@@ -1,7 +1,8 @@
 """Data parallelism for sgl-jax's native attention backend (the one sgl-jax uses on CPU).
 
-Owns `per_rank_native_attention`, the body of the `native_attention_per_rank` patch
-(`patches/upstream_fixes.py`). Checked against sgl-project/sglang-jax cddbf6f1
+Owns `per_rank_native_attention` (the body of the `native_attention_per_rank` patch,
+`patches/upstream_fixes.py`), `rank_kv_update`, and the mesh axis names and `per_head` reshape
+that `native_attention.py` shares. Checked against sgl-project/sglang-jax cddbf6f1
 (`layers/attention/native_backend.py`, `NativeAttention.__call__` and
 `_get_and_update_kv_cache`).
 
@@ -100,9 +101,9 @@ def per_rank_native_attention(
         out_specs=(P(DATA, TENSOR), P(DATA, None, TENSOR, None, None)),
         check_vma=False,
     )(
-        _heads(q, head_dim),
-        _heads(k, head_dim),
-        _heads(v, head_dim),
+        per_head(q, head_dim),
+        per_head(k, head_dim),
+        per_head(v, head_dim),
         token_to_kv_pool.get_fused_kv_buffer(layer.layer_id),
         forward_batch.out_cache_loc,
         forward_batch.seq_lens,
@@ -133,5 +134,6 @@ def rank_kv_update(
     return cache[:, ::2], cache[:, 1::2], cache.reshape(fused.shape)
 
 
-def _heads(x: Any, head_dim: int) -> jax.Array:
+def per_head(x: Any, head_dim: int) -> jax.Array:
+    """`[tokens, heads * head_dim]` (or already per head) as `[tokens, heads, head_dim]`."""
     return x.reshape(x.shape[0], -1, head_dim)

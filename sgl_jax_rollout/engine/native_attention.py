@@ -27,8 +27,7 @@ from jax.sharding import PartitionSpec as P
 from jaxtyping import Array, Int
 
 from sgl_jax_rollout.engine import paged_attention, upstream
-
-DATA, TENSOR = "data", "tensor"
+from sgl_jax_rollout.engine.dp_attention import DATA, TENSOR, per_head
 
 
 def context_bound(context_len: int, page_size: int) -> int:
@@ -108,9 +107,9 @@ def paged_native_attention(
         out_specs=(heads, P(DATA, None, TENSOR, None, None)),
         check_vma=False,
     )(
-        _heads(q, head_dim),
-        _heads(k, head_dim),
-        _heads(v, head_dim),
+        per_head(q, head_dim),
+        per_head(k, head_dim),
+        per_head(v, head_dim),
         fused,
         out_loc,
         forward_batch.seq_lens,
@@ -133,7 +132,3 @@ def window_slots(pool: Any, loc: Int[Array, " tokens"]) -> Int[Array, " tokens"]
     return jax.sharding.reshard(
         jnp.where(replicated < 0, replicated, slots), jax.typeof(loc).sharding
     )
-
-
-def _heads(x: Any, head_dim: int) -> jax.Array:
-    return x.reshape(x.shape[0], -1, head_dim)
