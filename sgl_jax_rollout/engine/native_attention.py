@@ -2,9 +2,8 @@
 runs on CPU and GPU) served by `paged_attention.py`.
 
 Owns `paged_native_attention` (what `NativeAttention.__call__` runs when the engine's
-`native_attention` setting is "paged", `patches/upstream_fixes.py`), `context_bound`, and
-`window_slots`, the slot translation of the sliding-window pool (used by the upstream path's
-fixes too).
+`native_attention` setting is "paged", `patches/upstream_fixes.py`) and `window_slots`, the
+slot translation of the sliding-window pool (used by the upstream path's fixes too).
 Checked against sgl-project/sglang-jax cddbf6f1 (`layers/attention/native_backend.py`
 `NativeAttention.__call__`, `mem_cache/memory_pool.py` `merge_kv` and `SWAKVPool`).
 
@@ -28,12 +27,6 @@ from jaxtyping import Array, Int
 
 from sgl_jax_rollout.engine import paged_attention, upstream
 from sgl_jax_rollout.engine.dp_attention import DATA, TENSOR, per_head
-
-
-def context_bound(context_len: int, page_size: int) -> int:
-    """The most slots one request can hold: the model's context rounded up to whole pages
-    (sgl-jax's `max_req_len` is at most `context_len - 1`)."""
-    return -(-context_len // page_size) * page_size
 
 
 def paged_native_attention(
@@ -72,12 +65,9 @@ def paged_native_attention(
         softmax_dtype=layer.softmax_dtype,
         temperature_len=getattr(layer, "xai_temperature_len", None),
     )
-    context = backend.paged_context
 
     def rank(q, k, v, fused, out_loc, seq_lens, cache_loc, prefix, extend, *sink):
-        common = dict(
-            page_size=page_size, context=context, options=options, sink=sink[0] if sink else None
-        )
+        common = dict(page_size=page_size, options=options, sink=sink[0] if sink else None)
         new = merge_kv(k, v)
         fused = paged_attention.write_kv(
             fused, out_loc, new.reshape(new.shape[0], -1, new.shape[-1])

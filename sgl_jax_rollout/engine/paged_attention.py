@@ -17,17 +17,20 @@ The layout they read is sgl-jax's (checked against sgl-project/sglang-jax cddbf6
   Upstream's native backend reads them at `cumsum(seq_lens)`, right only for page_size 1.
 
 Both modes run one computation, `_attend_own_slots`: blocks of queries, each block of one
-request, attend over that request's own slots, gathered through `cache_loc` into a
-`[blocks, context]` layout (`context` is a static bound the caller gives: the engine's longest
-request). Decode: a block per row, one query each: `rows x context` work, against upstream's
+request, attend over that request's own slots, gathered through `cache_loc` `chunk` keys at a
+time (`KEY_CHUNK`) with an online softmax, in a loop over only the chunks some query of the
+batch can see (its length is read from `seq_lens` at run time: one compiled program serves
+every context length, and a step costs what its longest request holds, not the engine's
+context). Decode: a block per row, one query each: `rows x longest` work, against upstream's
 `rows x len(cache_loc)` (every row against every request's slots, masked). Extend: each
 request's new tokens in blocks of `extend_block` (a request never shares a block), attending
 causally to the request's prefix and to the new tokens before them: at most
-`2 x tokens x context` work, against upstream's `tokens x len(cache_loc)`, where
+`2 x tokens x longest` work, against upstream's `tokens x len(cache_loc)`, where
 `len(cache_loc)` is the largest batch bucket's worth of requests.
 GQA groups query heads over their KV head (no repeat); sliding windows, attention soft-caps,
 attention sinks, xai temperature scaling and a softmax dtype are served as upstream's native
-backend serves them. KV is never copied whole: the write is a scatter, the read a gather of
+backend serves them (the softmax's running max and sum in float32, or the softmax dtype when
+wider). KV is never copied whole: the write is a scatter, the read a gather of
 the slots a block needs, of the head_dim columns the model has (the pool pads to 128).
 """
 
@@ -39,6 +42,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
+
+# Keys read per step of the loop over a request's slots.
+KEY_CHUNK = 32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,8 +90,8 @@ def _gather_kv(
     """K and V `[*slots.shape, kv_heads, head_dim]` at `slots`: one gather, by (page, offset)
     on the buffer's own shape, of each slot's first `head_dim` columns (the pool pads head_dim
     to 128; the padding is never read), then split. Of the layouts measured on CPU for a
-    decode step of 64 rows x 1,088 slots (whole rows cut afterwards; K and V contracted
-    interleaved; heads before slots), this one gave the fastest step."""
+    decode step of 64 rows x 1,088 slots read in one piece (whole rows cut afterwards; K and
+    V contracted interleaved; heads before slots), this one gave the fastest step."""
     pages, page_size, heads_per_pack, packing, dim = fused.shape
     index = jnp.stack([slots // page_size, slots % page_size], axis=-1)
     offset = tuple(range(slots.ndim, slots.ndim + 3))
@@ -119,13 +125,12 @@ def decode_attention(
     seq_lens: Int[Array, " reqs"],
     *,
     page_size: int,
-    context: int,
+    chunk: int = KEY_CHUNK,
     options: ScoreOptions,
     sink: Float[Array, " heads"] | None = None,
 ) -> Float[Array, "rows heads head_dim"]:
     """One new token per request: row r attends to request r's first `seq_lens[r]` slots
-    (its last `window` with a sliding window). `context` bounds every request's length
-    (static). Rows past the requests get zeros."""
+    (its last `window` with a sliding window). Rows past the requests get zeros."""
     rows, heads, head_dim = q.shape
     n = min(rows, seq_lens.shape[0])
     lens = seq_lens[:n]
@@ -138,7 +143,7 @@ def decode_attention(
         cache_loc,
         seq_lens,
         page_size=page_size,
-        context=context,
+        chunk=chunk,
         options=options,
         causal=True,
         sink=sink,
@@ -158,15 +163,15 @@ def extend_attention(
     extend_lens: Int[Array, " reqs"],
     *,
     page_size: int,
-    context: int,
+    chunk: int = KEY_CHUNK,
     options: ScoreOptions,
     causal: bool = True,
     sink: Float[Array, " heads"] | None = None,
 ) -> Float[Array, "tokens heads head_dim"]:
     """New tokens of several requests, packed request after request (`extend_lens`): each
     attends to its request's slots up to its own position (`prefix_lens` + its index among
-    the request's new tokens), or to all of them when not `causal`. `context` bounds every
-    request's length (static). Tokens past the requests get zeros."""
+    the request's new tokens), or to all of them when not `causal`. Tokens past the requests
+    get zeros."""
     tokens, heads, head_dim = q.shape
     reqs = seq_lens.shape[0]
     size = extend_block(tokens, reqs)
@@ -191,7 +196,7 @@ def extend_attention(
         cache_loc,
         seq_lens,
         page_size=page_size,
-        context=context,
+        chunk=chunk,
         options=options,
         causal=causal,
         sink=sink,
@@ -211,48 +216,73 @@ def _attend_own_slots(
     seq_lens: Int[Array, " reqs"],
     *,
     page_size: int,
-    context: int,
+    chunk: int,
     options: ScoreOptions,
     causal: bool,
     sink: Float[Array, " heads"] | None,
     temperature: Float[Array, "blocks size"] | None,
 ) -> Float[Array, "blocks size heads head_dim"]:
-    """Each block's queries (of request `owner`) over the request's first `context` slots:
-    key j is seen by a query at `positions` p when j < the request's length, j <= p when
-    `causal`, and p - j < window with a window (upstream's masks)."""
+    """Each block's queries (of request `owner`) over the request's slots: key j is seen by a
+    query at `positions` p when j < the request's length, j <= p when `causal`, and
+    p - j < window with a window (upstream's masks). Keys are read `chunk` at a time, only
+    the chunks some query of the batch sees (a loop of dynamic length, online softmax with
+    float32 statistics); a query that sees no key gets zeros."""
     blocks, size, heads, head_dim = q.shape
-    context = min(context, cache_loc.shape[0])
-    keys = jnp.arange(context)
-    index = request_offsets(seq_lens, page_size)[owner][:, None] + keys
-    slots = cache_loc[jnp.minimum(index, cache_loc.shape[0] - 1)]
-    k, v = _gather_kv(fused, slots, head_dim)  # [blocks, context, kv_heads, head_dim]
-    kv_heads = k.shape[2]
+    kv_heads = fused.shape[2] * fused.shape[3] // 2
     group = heads // kv_heads
-    seen = (keys < seq_lens[owner][:, None])[:, None, :] & q_valid[:, :, None]
-    if causal:
-        seen = seen & (keys <= positions[:, :, None])
-    if options.window is not None:
-        seen = seen & (positions[:, :, None] - keys < options.window)
+    start = request_offsets(seq_lens, page_size)[owner][:, None]
+    lens = seq_lens[owner][:, None]
     grouped = q.reshape(blocks, size, kv_heads, group, head_dim)
-    scores = jnp.einsum("nbkgd,nckd->nkgbc", grouped, k) * options.scale
-    if options.logit_cap:
-        scores = options.logit_cap * jnp.tanh(scores / options.logit_cap)
-    if temperature is not None:
-        scores = scores * temperature[:, None, None, :, None]
-    neg = jnp.asarray(jnp.finfo(scores.dtype).min, scores.dtype)
-    scores = jnp.where(seen[:, None, None], scores, neg)
-    if options.softmax_dtype is not None:
-        scores = scores.astype(options.softmax_dtype)
-    top = jnp.max(scores, axis=-1, keepdims=True)
-    exp = jnp.exp(scores - top)
-    total = jnp.sum(exp, axis=-1, keepdims=True)
+    # the keys each query can see: [first, end)
+    end = jnp.minimum(lens, positions + 1) if causal else jnp.broadcast_to(lens, positions.shape)
+    first = jnp.maximum(positions - options.window + 1, 0) if options.window is not None else 0
+    sees = q_valid & (end > first)
+    keys_end = jnp.max(jnp.where(sees, end, 0))
+    keys_start = jnp.min(jnp.where(sees, first, keys_end))
+    stat = jnp.promote_types(options.softmax_dtype or q.dtype, jnp.float32)
+    neg = jnp.finfo(stat).min
+
+    def step(i, carry):
+        top, total, acc = carry
+        keys = i * chunk + jnp.arange(chunk)
+        index = jnp.minimum(start + keys, cache_loc.shape[0] - 1)
+        k, v = _gather_kv(fused, cache_loc[index], head_dim)  # [blocks, chunk, kv, head_dim]
+        seen = (keys < lens)[:, None, :] & q_valid[:, :, None]
+        if causal:
+            seen = seen & (keys <= positions[:, :, None])
+        if options.window is not None:
+            seen = seen & (positions[:, :, None] - keys < options.window)
+        scores = jnp.einsum("nbkgd,nckd->nkgbc", grouped, k) * options.scale
+        if options.logit_cap:
+            scores = options.logit_cap * jnp.tanh(scores / options.logit_cap)
+        if temperature is not None:
+            scores = scores * temperature[:, None, None, :, None]
+        if options.softmax_dtype is not None:
+            scores = scores.astype(options.softmax_dtype)
+        seen = seen[:, None, None]
+        scores = jnp.where(seen, scores.astype(stat), neg)
+        new_top = jnp.maximum(top, jnp.max(scores, axis=-1, keepdims=True))
+        exp = jnp.where(seen, jnp.exp(scores - new_top), 0.0)
+        rescale = jnp.exp(top - new_top)
+        weights = exp.astype(v.dtype) if options.softmax_dtype is not None else exp
+        part = jnp.einsum("nkgbc,nckd->nkgbd", weights, v, preferred_element_type=stat)
+        return new_top, total * rescale + jnp.sum(exp, -1, keepdims=True), acc * rescale + part
+
+    shape = (blocks, kv_heads, group, size)
+    top, total, acc = jax.lax.fori_loop(
+        keys_start // chunk,
+        (keys_end + chunk - 1) // chunk,
+        step,
+        (
+            jnp.full((*shape, 1), neg, stat),
+            jnp.zeros((*shape, 1), stat),
+            jnp.zeros((*shape, head_dim), stat),
+        ),
+    )
     if sink is not None:
-        total = total + jnp.exp(sink.reshape(1, kv_heads, group, 1, 1) - top)
-    weights = exp / total
-    if options.softmax_dtype is not None and weights.dtype != v.dtype:
-        weights = weights.astype(v.dtype)
-    out = jnp.einsum("nkgbc,nckd->nbkgd", weights, v)
-    return out.reshape(blocks, size, heads, head_dim)
+        total = total + jnp.exp(sink.reshape(1, kv_heads, group, 1, 1).astype(stat) - top)
+    out = acc / jnp.where(total > 0, total, 1.0)
+    return jnp.moveaxis(out, 3, 1).reshape(blocks, size, heads, head_dim).astype(q.dtype)
 
 
 def _temperature_regulator(positions, temperature_len):

@@ -165,7 +165,6 @@ ATTRIBUTES: dict[str, tuple[str, ...]] = {
     "ModelRunner": (
         *("model", "model_state_leaves", "model_config", "mesh", "req_to_token_pool"),
         *("_sampler_base_rng", "forward", "sample", "memory_pools", "attn_backend"),
-        "page_size",
     ),
     # memory.py (release / resume): the per-layer KV buffer lists, in place
     "MemoryPools": ("_pools",),
@@ -201,7 +200,7 @@ ATTRIBUTES: dict[str, tuple[str, ...]] = {
     "LoRAMemoryPool": (
         *("A_buffer", "B_buffer", "target_modules", "max_loras_per_batch", "max_lora_rank"),
     ),
-    "ModelConfig": ("hf_text_config", "context_len"),  # lora_text_config, paged attention
+    "ModelConfig": ("hf_text_config",),  # lora_text_config
     "BaseLayerWithLoRA": ("base_layer",),
     "LinearBase": ("weight",),
     "Llama3RotaryEmbedding": ("base", "_inv_freq_np"),

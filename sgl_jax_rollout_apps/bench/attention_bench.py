@@ -4,13 +4,13 @@ own native attention ("upstream") and ours ("paged", `engine/paged_attention.py`
 Owns `run`: for the built-in model and the real checkpoint (SmolLM2-135M-Instruct, built on
 first use), one engine per attention, each in a process of its own (nothing stays in memory
 between them), with `SETTINGS`: batch buckets 8 and 64, a context of 1,088 tokens, a KV pool
-of 16,384 tokens, prefill in chunks of 256 tokens. Upstream's work grows with the pool (an
-extend attends every new token to the largest batch bucket's slots, up to the whole pool; a
-decode row to its batch bucket's); ours with the context only. A pool sized for 64 distinct
-1,088-token requests (69,632 tokens) made upstream's half of this bench run past an hour on a
-2-core CPU, so the requests share their prompt (below) and the pool is what that needs;
-even so upstream's half on SmolLM2 runs past 20 minutes there (`--model-path` runs one model).
-Each engine measures, greedy and with EOS ignored:
+of 16,384 tokens, prefill in chunks of 256 tokens. Upstream's work grows with the pool (an extend
+attends every new token to the largest batch bucket's slots, up to the whole pool; a decode row to
+its batch bucket's); ours with the batch's longest request only. A pool sized for 64 distinct
+1,088-token requests (69,632 tokens) made upstream's half of this bench run past an hour on a 2-core
+CPU, so the requests share their prompt (below) and the pool is what that needs; even so upstream's
+half on SmolLM2 runs past 20 minutes there (`--model-path` runs one model). Each engine measures,
+greedy and with EOS ignored:
 
 - `decode_step_s` at rows {8, 64} x context {128, 1024}: the rows share one prompt of that
   length (so upstream's prefill, `tokens x pool` work per chunk, stays feasible on a CPU; a

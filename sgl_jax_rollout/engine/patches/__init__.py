@@ -130,21 +130,20 @@ instead of raising.
   subclass only overrides `_compute_inv_freq`, which nothing on that path calls: every Llama
   3.1 / 3.2 checkpoint (rope_scaling "llama3") is served with unscaled RoPE, another function
   than the checkpoint's (0.2 nats at positions past 1,024 on a tiny replica).
-- `paged_native_attention`: wraps `NativeAttention.__call__` (the attention sgl-jax runs on
-  CPU and GPU) and `ModelRunner.init_attention_backend`: for an engine whose
-  `native_attention` is "paged" (the default) the backend carries the most slots a request can
-  hold (`paged_context`, static), and each layer runs `native_attention.paged_native_attention`
-  (`paged_attention.py`): the KV write a scatter into the donated buffer, then each request's
-  queries over its own slots, per dp rank and tensor shard under `shard_map`. An upstream
-  performance and correctness fix: `forward_attention` attends every query to every slot of
-  the batch's `cache_loc` (the largest batch bucket's worth of requests in an extend) and
-  masks the product (`native_backend.py:221-327`); it repeats the KV heads for GQA and copies
-  the layer's whole buffer to split K from V (`native_backend.py:150-157`); and it finds each
+- `paged_native_attention`: wraps `NativeAttention.__call__` (the attention sgl-jax runs on CPU and
+  GPU) and `ModelRunner.init_attention_backend`: for an engine whose `native_attention` is "paged"
+  (the default) the backend is marked `paged` (static), and each layer runs
+  `native_attention.paged_native_attention` (`paged_attention.py`): the KV write a scatter into the
+  donated buffer, then each request's queries over its own slots, per dp rank and tensor shard under
+  `shard_map`. An upstream performance and correctness fix: `forward_attention` attends every query
+  to every slot of the batch's `cache_loc` (the largest batch bucket's worth of requests in an
+  extend) and masks the product (`native_backend.py:221-327`); it repeats the KV heads for GQA and
+  copies the layer's whole buffer to split K from V (`native_backend.py:150-157`); and it finds each
   request's slots at `cumsum(seq_lens)` while `_merge_cache_loc` starts each at a page boundary
-  (`schedule_batch.py:2428-2431`), so with pages over one token every request but the first
-  read other slots. Everything the upstream path below serves is served: GQA, windows and the
-  hybrid pool, soft-caps, sinks, head_dim padding, tp and dp. "upstream" keeps sgl-jax's own,
-  with the fixes below, to compare with (`bench attention`).
+  (`schedule_batch.py:2428-2431`), so with pages over one token every request but the first read
+  other slots. Everything the upstream path below serves is served: GQA, windows and the hybrid
+  pool, soft-caps, sinks, head_dim padding, tp and dp. "upstream" keeps sgl-jax's own, with the
+  fixes below, to compare with (`bench attention`).
 - `attention_head_dim_unpadded`: wraps `layers.attention.native_backend.forward_attention`
   (the attention sgl-jax runs on CPU; `NativeAttention.__call__` and our dp path both call it
   through the module) so its output has the model's head_dim. An upstream bug fix: the KV pool

@@ -25,7 +25,6 @@ from jaxtyping import Array, Float
 from sgl_jax_rollout.engine import upstream
 from sgl_jax_rollout.engine.dp_attention import per_rank_native_attention
 from sgl_jax_rollout.engine.native_attention import (
-    context_bound,
     paged_native_attention,
     window_slots,
 )
@@ -64,10 +63,10 @@ def _llama3_scaled_frequencies(original, self, *args, **kwargs):
 
 
 def _native_attention(original, self, q, k, v, layer, forward_batch, token_to_kv_pool, **kwargs):
-    """paged_native_attention where the engine chose it (the backend carries its context
-    bound); else native_attention_per_rank, attention_logit_cap and swa_pool_native_attention,
-    on upstream's CPU attention."""
-    if getattr(self, "paged_context", None):
+    """paged_native_attention where the engine chose it (the backend is marked `paged`); else
+    native_attention_per_rank, attention_logit_cap and swa_pool_native_attention, on upstream's
+    CPU attention."""
+    if getattr(self, "paged", False):
         args = (self, q, k, v, layer, forward_batch, token_to_kv_pool)
         return paged_native_attention(*args, **kwargs)
     if isinstance(token_to_kv_pool, upstream.get("SWAKVPool")):
@@ -91,12 +90,11 @@ def _native_attention(original, self, q, k, v, layer, forward_batch, token_to_kv
 
 def _paged_native_attention_chosen(original, self, *args, **kwargs):
     """paged_native_attention: a native backend built for an engine whose `native_attention`
-    is "paged" carries the most slots a request can hold (`paged_context`, static: it is part
-    of every traced forward's key)."""
+    is "paged" is marked `paged` (static: part of every traced forward's key)."""
     out = original(self, *args, **kwargs)
     backend = self.attn_backend
     if isinstance(backend, upstream.get("NativeAttention")) and _paged_chosen():
-        backend.paged_context = context_bound(self.model_config.context_len, self.page_size)
+        backend.paged = True
     return out
 
 

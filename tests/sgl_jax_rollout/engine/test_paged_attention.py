@@ -56,10 +56,10 @@ def _options(scale, case):
 
 
 CASES = [
-    dict(page_size=1, cap=None, window=None, sink=False, causal=True),
-    dict(page_size=16, cap=None, window=None, sink=False, causal=True),
-    dict(page_size=16, cap=30.0, window=9, sink=True, causal=True),
-    dict(page_size=4, cap=None, window=20, sink=False, causal=False),  # decode: causal
+    dict(page_size=1, cap=None, window=None, sink=False, causal=True, chunk=128),
+    dict(page_size=16, cap=None, window=None, sink=False, causal=True, chunk=8),
+    dict(page_size=16, cap=30.0, window=9, sink=True, causal=True, chunk=16),
+    dict(page_size=4, cap=None, window=20, sink=False, causal=False, chunk=8),  # decode: causal
 ]
 
 
@@ -79,7 +79,7 @@ def test_decode_reads_each_rows_own_slots(case):
         jnp.asarray(cache_loc),
         jnp.asarray(lens),
         page_size=case["page_size"],
-        context=48,
+        chunk=case["chunk"],
         options=_options(scale, case),
         sink=None if sink is None else jnp.asarray(sink),
     )
@@ -90,7 +90,7 @@ def test_decode_reads_each_rows_own_slots(case):
         allowed = pos >= len(slots) - case["window"] if case["window"] else pos >= 0
         want = _reference(q[r].astype(np.float64), k, v, scale, case["cap"], sink, allowed)
         np.testing.assert_allclose(out[r], want, rtol=2e-5, atol=2e-5, err_msg=f"row {r}")
-    np.testing.assert_array_equal(out[len(seq_lens) + 1 :], 0)
+    np.testing.assert_array_equal(out[len(seq_lens) :], 0)  # the padding request and rows
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
@@ -119,7 +119,7 @@ def test_extend_writes_then_attends_causally_to_its_own_request(case):
         jnp.asarray(np.asarray(prefix + [0], np.int32)),
         jnp.asarray(np.asarray(extend + [0], np.int32)),
         page_size=case["page_size"],
-        context=48,
+        chunk=case["chunk"],
         options=_options(scale, case),
         causal=case["causal"],
         sink=None if sink is None else jnp.asarray(sink),
@@ -157,7 +157,7 @@ def test_a_layers_write_and_read_copy_no_whole_buffer(mode):
     (upstream's write through a flattened view copied the whole buffer every layer and step)."""
     import jax
 
-    page_size, pages, rows = 16, 512, 8
+    page_size, pages, rows = 16, 2048, 8
     fused = jnp.zeros((pages, page_size, 2 * KV_HEADS, 1, DIM), jnp.float32)
     q = jnp.zeros((rows, HEADS, HEAD_DIM), jnp.float32)
     cache_loc = jnp.arange(rows * 64, dtype=jnp.int32)
@@ -166,9 +166,7 @@ def test_a_layers_write_and_read_copy_no_whole_buffer(mode):
 
     def step(fused, q, out_loc, new):
         fused = paged_attention.write_kv(fused, out_loc, new)
-        common = dict(
-            page_size=page_size, context=64, options=paged_attention.ScoreOptions(scale=0.125)
-        )
+        common = dict(page_size=page_size, options=paged_attention.ScoreOptions(scale=0.125))
         if mode == "decode":
             out = paged_attention.decode_attention(q, fused, cache_loc, lens, **common)
         else:
