@@ -17,6 +17,7 @@ the attention output and the layer's updated buffer, as upstream's `__call__` do
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -56,8 +57,6 @@ def paged_native_attention(
             )
         out_loc, cache_loc = window_slots(pool, out_loc), window_slots(pool, cache_loc)
     fused = pool.get_fused_kv_buffer(layer.layer_id)
-    page_size = fused.shape[1]
-    merge_kv = upstream.get("merge_kv")
     options = paged_attention.ScoreOptions(
         scale=scale,
         logit_cap=getattr(layer, "logit_cap", None) or None,
@@ -65,38 +64,8 @@ def paged_native_attention(
         softmax_dtype=layer.softmax_dtype,
         temperature_len=getattr(layer, "xai_temperature_len", None),
     )
-
-    def rank(q, k, v, fused, out_loc, seq_lens, cache_loc, prefix, extend, *sink):
-        common = dict(page_size=page_size, options=options, sink=sink[0] if sink else None)
-        new = merge_kv(k, v)
-        fused = paged_attention.write_kv(
-            fused, out_loc, new.reshape(new.shape[0], -1, new.shape[-1])
-        )
-        if decode:
-            out = paged_attention.decode_attention(q, fused, cache_loc, seq_lens, **common)
-        else:
-            out = paged_attention.extend_attention(
-                q, fused, cache_loc, seq_lens, prefix, extend, causal=causal, **common
-            )
-        return out.reshape(q.shape[0], -1), fused
-
     zeros = jnp.zeros_like(forward_batch.seq_lens)
-    prefix = zeros if decode else forward_batch.extend_prefix_lens
-    extend = zeros if decode else forward_batch.extend_seq_lens
-    rows = P(DATA)
-    heads = P(DATA, TENSOR)
-    sinks = () if sink is None else (sink,)  # per query head, split as the heads are
-    return jax.shard_map(
-        rank,
-        mesh=backend.mesh,
-        in_specs=(
-            *(heads, heads, heads, P(DATA, None, TENSOR, None, None)),
-            *[rows] * 5,
-            *[P(TENSOR)] * len(sinks),
-        ),
-        out_specs=(heads, P(DATA, None, TENSOR, None, None)),
-        check_vma=False,
-    )(
+    return _layer(
         per_head(q, head_dim),
         per_head(k, head_dim),
         per_head(v, head_dim),
@@ -104,10 +73,71 @@ def paged_native_attention(
         out_loc,
         forward_batch.seq_lens,
         cache_loc,
-        prefix,
-        extend,
-        *sinks,
+        zeros if decode else forward_batch.extend_prefix_lens,
+        zeros if decode else forward_batch.extend_seq_lens,
+        () if sink is None else (sink,),
+        mesh=backend.mesh,
+        page_size=fused.shape[1],
+        options=options,
+        decode=decode,
+        causal=causal,
     )
+
+
+@functools.partial(jax.jit, static_argnames=("mesh", "page_size", "options", "decode", "causal"))
+def _layer(
+    q,
+    k,
+    v,
+    fused,
+    out_loc,
+    seq_lens,
+    cache_loc,
+    prefix,
+    extend,
+    sinks,
+    *,
+    mesh,
+    page_size,
+    options,
+    decode,
+    causal,
+):
+    """One layer's write and attention, per dp rank and tensor shard. Jitted with its static
+    settings so that a model's layers of one shape are traced and lowered once per forward
+    (30 traces of the same attention were a third of a warm engine start's tracing)."""
+    common = dict(page_size=page_size, options=options)
+    merge_kv = upstream.get("merge_kv")
+
+    def rank(q, k, v, fused, out_loc, seq_lens, cache_loc, prefix, extend, *sink):
+        new = merge_kv(k, v)
+        fused = paged_attention.write_kv(
+            fused, out_loc, new.reshape(new.shape[0], -1, new.shape[-1])
+        )
+        sink = sink[0] if sink else None
+        if decode:
+            out = paged_attention.decode_attention(
+                q, fused, cache_loc, seq_lens, sink=sink, **common
+            )
+        else:
+            out = paged_attention.extend_attention(
+                q, fused, cache_loc, seq_lens, prefix, extend, causal=causal, sink=sink, **common
+            )
+        return out.reshape(q.shape[0], -1), fused
+
+    rows = P(DATA)
+    heads = P(DATA, TENSOR)
+    return jax.shard_map(
+        rank,
+        mesh=mesh,
+        in_specs=(
+            *(heads, heads, heads, P(DATA, None, TENSOR, None, None)),
+            *[rows] * 5,
+            *[P(TENSOR)] * len(sinks),  # per query head, split as the heads are
+        ),
+        out_specs=(heads, P(DATA, None, TENSOR, None, None)),
+        check_vma=False,
+    )(q, k, v, fused, out_loc, seq_lens, cache_loc, prefix, extend, *sinks)
 
 
 def window_slots(pool: Any, loc: Int[Array, " tokens"]) -> Int[Array, " tokens"]:
