@@ -12,6 +12,12 @@ samples, under the caller's key) and `PausedGroups`, the rollout's buffer betwee
   new prompt, with the rest of the length budget. The prompt's KV is recomputed under the
   current weights: every weight update flushes the engine's prefix cache, so no KV of an
   older version is ever served.
+- `StopRule` is where a sample ends, checked again over the whole sample at each `extend`. The
+  engine cannot see it twice: an aborted request gets one more token that no stop check sees
+  (sgl-jax cddbf6f1 `Req.check_finished` returns at `to_finish` before any stop id or string),
+  and a continuation matches stop strings in its own tokens only, so a string spanning the
+  pause is missed. A sample whose tokens hold a stop ends there (tokens after it dropped, with
+  their logprobs, entropy and versions), instead of being continued past it.
 
 No engine import: the rollout submits the requests (`SglangJaxRollout.generate_groups`).
 """
@@ -19,11 +25,36 @@ No engine import: the rollout submits the requests (`SglangJaxRollout.generate_g
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Sequence
 from typing import Any
 
 # A continued sample draws from a stream of its own: its seed, moved by its length so far.
 _SEED_STRIDE = 0x9E3779B1
 _SEED_MASK = (1 << 63) - 1
+
+
+@dataclasses.dataclass(frozen=True)
+class StopRule:
+    """The engine's stop checks, token by token (sgl-jax `Req.check_finished`): token `k` ends
+    the sample when it is one of `ids` (none with `ignore_eos`), or when the decoded text of the
+    last `tail` tokens up to it holds one of `strings` (`tail` = the longest stop string's token
+    count + 1, the engine's `stop_str_max_len + 1`)."""
+
+    ids: frozenset[int] = frozenset()
+    strings: tuple[str, ...] = ()
+    tail: int = 1
+    decode: Callable[[list[int]], str] | None = None
+
+    def end(self, tokens: Sequence[int], start: int = 0) -> int | None:
+        """The sample's length if a token at index >= `start` ends it, else None."""
+        for k in range(start, len(tokens)):
+            if tokens[k] in self.ids:
+                return k + 1
+            if self.strings and self.decode is not None:
+                text = self.decode(list(tokens[max(0, k + 1 - self.tail) : k + 1]))
+                if any(s in text for s in self.strings):
+                    return k + 1
+        return None
 
 
 @dataclasses.dataclass(eq=False)
@@ -45,13 +76,23 @@ class Member:
         seed = (self.seed + _SEED_STRIDE * len(self.tokens)) & _SEED_MASK
         return prompt + self.tokens, self.budget(limit) - len(self.tokens), seed
 
-    def extend(self, completion: Any, version: int, limit: int) -> None:
-        """Appends what the engine sampled for it (a `Completion`) under `version`."""
+    def extend(
+        self, completion: Any, version: int, limit: int, stops: StopRule = StopRule()
+    ) -> None:
+        """Appends what the engine sampled for it (a `Completion`) under `version`; cut at
+        the first stop `stops` finds in the new tokens (with text from before them)."""
         new = list(completion.tokens)
+        start = len(self.tokens)
         self.tokens += new
         self.logprobs += list(completion.logprobs or [0.0] * len(new))
         self.entropy += list(completion.entropy or [0.0] * len(new))
         self.versions += [version] * len(new)
+        end = stops.end(self.tokens, start)
+        if end is not None:
+            for name in ("tokens", "logprobs", "entropy", "versions"):
+                setattr(self, name, getattr(self, name)[:end])
+            self.done = True
+            return
         reason = completion.finish_reason
         aborted = isinstance(reason, dict) and reason.get("type") == "abort"
         self.done = not aborted or len(self.tokens) >= self.budget(limit)

@@ -14,7 +14,8 @@ and the rollout's default options:
   process per host, this process's rows are its share of the global batch's rows);
 - `stop_rules`: the ids that end a completion (the model's EOS ids, `eos_tokens`, the options'
   `stop_token_ids` and the pad id, which tunix's trainer reads as padding) and the ids held back
-  from the decoded text;
+  from the decoded text; `stop_rule`, the same stops (and the stop strings) as a partial
+  rollout checks them again over a continued sample (`partial.StopRule`);
 - `sample` / `sample_session`: the engine requests those rules give, for `generate` and for a
   managed session.
 
@@ -32,6 +33,7 @@ import numpy as np
 from sgl_jax_rollout import rollout_inputs as inputs
 from sgl_jax_rollout.engine.hosts import process_share
 from sgl_jax_rollout.engine.rows import RequestSpec
+from sgl_jax_rollout.partial import StopRule
 from sgl_jax_rollout.sampling.options import SamplingOptions
 from sgl_jax_rollout.session import Sampled
 
@@ -139,6 +141,16 @@ class RequestPolicy:
             stop_ids.append(int(pad))
         hold_back = [] if options.ignore_eos else stop_ids + self._model_eos
         return stop_ids, hold_back
+
+    def stop_rule(self, options: SamplingOptions, rollout_config: Any) -> StopRule:
+        """Where the engine ends a sample of this call: its stop ids (none with `ignore_eos`)
+        and stop strings, matched as the engine matches them, with its tokenizer."""
+        _, hold_back = self.stop_rules(options, rollout_config)
+        if not options.stop:
+            return StopRule(frozenset(hold_back))
+        tokenizer = self._engine.tokenizer
+        longest = max(len(tokenizer.encode(s, add_special_tokens=False)) for s in options.stop)
+        return StopRule(frozenset(hold_back), tuple(options.stop), longest + 1, tokenizer.decode)
 
     def sample(
         self,

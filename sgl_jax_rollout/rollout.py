@@ -291,8 +291,9 @@ class SglangJaxRollout(BaseRollout):
             except BaseException:
                 self._paused.pause(resumed)  # nothing paused is lost when a call fails
                 raise
+            stop_rule = self._policy.stop_rule(options, rollout_config)
             for (_, member), done in zip(running, completions, strict=True):
-                member.extend(done, self.policy_version, limit)
+                member.extend(done, self.policy_version, limit, stop_rule)
         complete = [g for g in groups if g.complete]
         kept = complete[:groups_needed]
         self._paused.pause([g for g in groups if g not in kept])

@@ -286,3 +286,43 @@ def test_partial_rollout_continues_paused_groups_under_the_new_weights(
         nnx.update(trainer, original)
         rollout.update_params(original)
         rollout._paused.clear()
+
+
+def test_a_paused_sample_ending_at_the_abort_or_across_the_pause_is_finished_not_continued(
+    rollout, monkeypatch
+):
+    """Greedy, 6 groups of one sample; group 0 stops at 4 tokens and the others are aborted 1-2
+    steps later. sgl-jax appends one more token to an aborted request without a stop check,
+    and a continuation matches stop strings in its own tokens only. Rows 1-4 get a stop id at
+    index 4 or 5 (one of them is the unchecked token, wherever the abort lands), row 5 a stop
+    string over its tokens 3-7 (across the pause). Each must end exactly there, its logprobs
+    and versions aligned, and never be continued past it."""
+    prompts = [f"a stop at the pause {i}" for i in range(6)]
+    cfg = config(max_tokens_to_generate=24, seed=3, temperature=0.0)
+    free = [t.tolist() for t in rollout.generate(prompts, cfg).tokens]
+    ends = {0: 4, 1: 5, 2: 5, 3: 6, 4: 6, 5: 8}  # the length each row must have
+    assert all(len(row) >= ends[i] for i, row in enumerate(free))  # no earlier model stop
+    stop_ids = [free[i][ends[i] - 1] for i in (1, 2, 3, 4)]
+    tokenizer = rollout.engine.tokenizer
+    stop_text = tokenizer.decode(free[5][3:8])
+    for i, row in enumerate(free):  # nothing ends a row before its designed end
+        assert not set(row[: ends[i] - 1]) & set(stop_ids)
+        assert stop_text not in tokenizer.decode(row[: ends[i] - 1])
+    assert stop_text in tokenizer.decode(free[5][:8])
+    monkeypatch.setattr(rollout, "_partial_rollout", True)
+    monkeypatch.setattr(rollout, "_paused", PausedGroups())
+    try:
+        overrides = dict(stop_token_ids=stop_ids, stop=[stop_text])
+        limits = [4] + [24] * 5
+        out1, kept1 = rollout.generate_groups(
+            prompts, cfg, 1, list(range(6)), max_tokens_per_sample=limits, **overrides
+        )
+        assert kept1 == [0] and out1.tokens[0].tolist() == free[0][:4]
+        out2, kept2 = rollout.generate_groups([], cfg, 5, [], **overrides)
+        assert sorted(kept2) == [1, 2, 3, 4, 5]
+        for row, key in enumerate(kept2):
+            assert out2.tokens[row].tolist() == free[key][: ends[key]], key
+            assert len(out2.logprobs[row]) == len(out2.versions[row]) == ends[key]
+        assert out2.text[kept2.index(5)].endswith(stop_text)
+    finally:
+        rollout._paused.clear()

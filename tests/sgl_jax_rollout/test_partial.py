@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from sgl_jax_rollout.engine.settings import EngineSettings
-from sgl_jax_rollout.partial import Group, Member, PausedGroups
+from sgl_jax_rollout.partial import Group, Member, PausedGroups, StopRule
 from sgl_jax_rollout.rollout import _check_partial, _check_partial_options
 from sgl_jax_rollout.rollout_inputs import sample_limits
 from sgl_jax_rollout.sampling.options import SamplingOptions
@@ -52,6 +52,36 @@ def test_a_member_with_its_own_limit_stops_there_and_never_above_the_calls():
     m.extend(Done([7], [0.0], [0.0], ABORT), version=1, limit=10)
     assert m.done  # aborted on its own last token
     assert Member(seed=0).budget(10) == 10  # none of its own: the call's
+
+
+def test_a_member_aborted_on_a_stop_id_is_done_not_continued():
+    """sgl-jax appends one more token to a request it aborts without checking it for stops: a
+    stop id there ends the sample."""
+    m = Member(seed=0)
+    m.extend(Done([5, 2], [-0.1, -0.2], [1.0, 1.1], ABORT), 0, 10, StopRule(frozenset({2})))
+    assert m.done and m.tokens == [5, 2] and m.versions == [0, 0]
+    other = Member(seed=0)
+    other.extend(Done([5, 6], [-0.1, -0.2], [1.0, 1.1], ABORT), 0, 10, StopRule(frozenset({2})))
+    assert not other.done
+
+
+def letters(ids: list[int]) -> str:
+    return "".join(chr(ord("a") + i) for i in ids)
+
+
+def test_a_stop_string_spanning_the_pause_ends_the_sample_there():
+    """A continuation matches stop strings in its own tokens only; "cde" starts before the
+    pause and ends two tokens into the continuation, so the rest is dropped, aligned."""
+    rule = StopRule(frozenset({25}), ("cde",), tail=4, decode=letters)
+    m = Member(seed=0)
+    m.extend(Done([0, 1, 2], [-0.1] * 3, [1.0] * 3, ABORT), 0, 10, rule)
+    assert not m.done
+    m.extend(Done([3, 4, 5, 6], [-0.2, -0.3, -0.4, -0.5], [2.0] * 4, {"type": "stop"}), 1, 10, rule)
+    assert m.done and m.tokens == [0, 1, 2, 3, 4]
+    assert m.logprobs == [-0.1] * 3 + [-0.2, -0.3] and m.versions == [0, 0, 0, 1, 1]
+    assert len(m.entropy) == 5
+    assert rule.end([0, 1, 2, 3]) is None and rule.end([7, 25, 9]) == 2
+    assert StopRule(frozenset(), ("cde",), tail=2, decode=letters).end([2, 3, 4]) is None
 
 
 @pytest.mark.parametrize(
