@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -370,13 +370,22 @@ class SglangJaxRollout(BaseRollout):
         self._engine.update_weights(base, lora=lora)
         self.policy_version += 1
 
-    def release_memory(self, weights: bool = False, resume_on_use: bool = False) -> dict[str, int]:
+    def release_memory(
+        self,
+        weights: bool = False,
+        resume_on_use: bool = False,
+        restore: Callable[[], Any] | None = None,
+    ) -> dict[str, int]:
         """Frees the engine's KV pool on the devices (and with `weights` its parameters) while
         the trainer runs; waits for a running call first. Returns the bytes freed
         (`{"kv_bytes": ..., "weight_bytes": ...}`). Until `resume_memory`, `generate`, scoring
         and sessions raise RuntimeError naming the release (`engine.memory`); with
-        `resume_on_use` the first of them (or `update_params`) resumes first instead."""
-        released = self._engine.release_memory(weights, resume_on_use)
+        `resume_on_use` the first of them (or `update_params`) resumes first instead. With
+        weights released, such a call needs `restore` (weights and resume_on_use only): it
+        returns the state to serve again, as `update_params` takes it (the one last passed
+        there: the policy version stays); without it the call raises until `update_params`."""
+        back = None if restore is None else (lambda: split_update(restore(), self._actor))
+        released = self._engine.release_memory(weights, resume_on_use, back)
         return {"kv_bytes": released.kv_bytes, "weight_bytes": released.weight_bytes}
 
     def resume_memory(self) -> None:

@@ -251,6 +251,7 @@ def _demo(args: argparse.Namespace) -> int:
             out=args.out,
             seed=args.seed,
             num_iterations=args.num_iterations,
+            mini_batch_size=args.mini_batch_size,
             tis_cap=args.tis_cap,
             **_variant_fields(args),
             **_group_sampling_fields(args),
@@ -562,6 +563,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         help="optimizer passes over each batch (grpo / egpo, > 1: the old policy's logprobs "
         "come from the rollout, or from the trainer with an off-policy correction)",
+    )
+    demo.add_argument(
+        "--mini-batch-size",
+        type=int,
+        default=None,
+        help="prompts per optimizer update (tunix's mini_batch_size; default: the step's "
+        "prompts); the weights reach the rollout once per step",
     )
     demo.add_argument(
         "--tis-cap",

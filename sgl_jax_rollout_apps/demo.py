@@ -125,6 +125,7 @@ class DemoConfig:
     learning_rate: float = 1e-3
     temperature: float = 1.0
     num_iterations: int = 1  # optimizer passes over each batch
+    mini_batch_size: int | None = None  # prompts per optimizer update; None: the step's all
     tis_cap: float | None = None  # GRPO / EGPO: TIS against the trainer instead of rollout-old
     # GRPO / EGPO off-policy correction (`RolloutGRPOConfig.is_correction`), with the trainer
     # as the old policy; `top_entropy_quantile`: forking tokens only carry the policy gradient.
@@ -354,6 +355,7 @@ def build(config: DemoConfig):
         critic_optimizer=optax.adam(config.learning_rate) if config.algo == "ppo" else None,
         eval_every_n_steps=10**9,
         max_steps=config.steps,
+        mini_batch_size=config.mini_batch_size,
         rollout_micro_batch_size=_rollout_micro_batch(preset, per_process),
     )
     settings = TASK_ENGINE_SETTINGS if config.task else DEMO_ENGINE_SETTINGS

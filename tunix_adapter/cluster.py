@@ -21,7 +21,9 @@ rows back (`_per_process`).
 Where the rollout shares the actor's devices, its engine frees its KV pool (or also its
 weights) before each trainer update and takes it back at its next call
 (`release_rollout_memory`; the bytes are logged and buffered as
-`rollout/memory_released_bytes`).
+`rollout/memory_released_bytes`). A rollout call before the next weight sync (a step's next
+mini-batch; async loading) gets the weights of the last sync back from tunix's anchor state,
+the behaviour policy tunix expects; the sync itself brings the new ones.
 
 `build_cluster` loads the actor (and reference, and a critic for PPO) from a model directory
 (the built-in tiny model by default) on one mesh and picks the rollout engine:
@@ -120,7 +122,9 @@ class RolloutCluster(RLCluster):
         if self.release_rollout_memory is None or self.rollout.engine.released:
             return
         weights = self.release_rollout_memory == "weights"
-        freed = self.rollout.release_memory(weights=weights, resume_on_use=True)
+        freed = self.rollout.release_memory(
+            weights=weights, resume_on_use=True, restore=self._synced_params if weights else None
+        )
         self.memory_released = freed
         total = freed["kv_bytes"] + freed["weight_bytes"]
         logger.info(
@@ -153,6 +157,12 @@ class RolloutCluster(RLCluster):
         self._anchor_policy_state = put_params_on_memory_kind(
             nnx.state(self.actor_trainer.model), "pinned_host"
         )
+
+    def _synced_params(self) -> Any:
+        """The actor's parameters at the last weight sync (tunix's anchor state, kept on the
+        host), on the devices: what the rollout served before a weights release, and what a
+        rollout call before the next sync (the next mini-batch, or async loading) serves."""
+        return put_params_on_memory_kind(self._anchor_policy_state, "device").filter(nnx.Param)
 
     def anchor_model(self) -> Any:
         """The actor with tunix's anchor parameters (the weights the rollout sampled with,

@@ -20,7 +20,10 @@ Owns `plan` (a `Plan` from a model's config, a preset and the run's batch) and `
 
 It then says whether the run fits the chip with the engine's memory kept, with its KV pool
 released while the trainer updates, and with its weights released too
-(`SglangJaxRollout.release_memory`), and what to change when it does not.
+(`SglangJaxRollout.release_memory`), and what to change when it does not. Each peak is the
+larger of the trainer's update (its arrays and activations, beside what the engine keeps) and
+the weight sync (two copies of the engine's weights while it maps the new ones, with its KV
+pool where that is kept; after a release the KV pool comes back once the new weights are in).
 
 The parameter count is the checkpoint's own (safetensors headers) where the weights are
 there, else counted from the config (dense Qwen / Llama layout).
@@ -124,10 +127,14 @@ def plan(
     static = trainer["actor"] + trainer["reference"] + trainer["gradients"]
     static += trainer["optimizer (Adam)"]
     act = trainer["activations (estimate)"]
+    # At a weight sync the engine holds two copies of its weights while it maps the new ones
+    # (the old, or stand-ins for released ones); after a release it maps them before taking
+    # its KV pool back (`RolloutEngine.update_weights`), so the two never meet the KV pool.
+    sync = 2 * weights
     peaks = {
-        "kept": static + act + weights + kv,
-        "KV released": max(static + act + weights, static + weights + kv),
-        "KV and weights released": max(static + act, static + weights + kv),
+        "kept": static + max(act + weights, sync) + kv,
+        "KV released": static + max(act + weights, sync, weights + kv),
+        "KV and weights released": static + max(act, sync, weights + kv),
     }
     chip, source = (chip_bytes, "given") if chip_bytes is not None else _chip(preset)
     fits = {mode: None if chip is None else peak <= chip for mode, peak in peaks.items()}

@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED
 from pathlib import Path
 from typing import Any
@@ -148,6 +148,7 @@ class RolloutEngine:
         self._weights = None
         self._released: memory.Released | None = None  # set between release and resume
         self._resume_on_use = False  # the next call that needs the engine resumes it
+        self._restore = None  # with resume_on_use: the weights a serving call resumes with
         self._weights_pending = False  # resumed without weights: update_weights comes first
 
         server_args = settings.server_args(
@@ -471,7 +472,8 @@ class RolloutEngine:
         with self._lock:
             self._check_open()
             if self._released is not None and self._resume_on_use:
-                self._resume()
+                self._resume_with(params, lora)
+                return
             if self._released is not None and self._released.weights is not None:
                 raise RuntimeError(
                     "update_params: the engine's weights are released (release_memory("
@@ -488,17 +490,28 @@ class RolloutEngine:
             raise RuntimeError(f"prefix cache flush failed after the weight swap: {message}")
 
     # Memory.
-    def release_memory(self, weights: bool = False, resume_on_use: bool = False) -> memory.Released:
+    def release_memory(
+        self,
+        weights: bool = False,
+        resume_on_use: bool = False,
+        restore: Callable[[], tuple[Any, Any]] | None = None,
+    ) -> memory.Released:
         """Frees the KV pool (and with `weights` the model's parameters) on the devices, after
         the running call if one runs (it waits for it); flushes the prefix cache first. Until
         `resume_memory`, every call that needs them raises RuntimeError naming the release;
-        with `resume_on_use`, the first such call resumes instead (what a learner asks)."""
+        with `resume_on_use`, the first such call resumes instead (what a learner asks):
+        `update_weights` with its weights; a call that serves, with the KV pool alone, or with
+        weights released, with `restore()`'s `(params, lora)` (the weights it served before the
+        release, which the trainer keeps); without `restore` that call raises, naming it."""
+        if restore is not None and not (weights and resume_on_use):
+            raise ValueError("release_memory: restore needs weights=True and resume_on_use=True")
         with self._lock:
             self._check_open()
             if self._released is not None:
                 raise RuntimeError("release_memory: the engine's memory is already released")
             self._released = self._when_idle(lambda scheduler: self._release(scheduler, weights))
             self._resume_on_use = resume_on_use
+            self._restore = restore
             return self._released
 
     @property
@@ -518,12 +531,34 @@ class RolloutEngine:
         if self._released is None:
             return
         released = self._released
-        weights = self._when_idle(lambda scheduler: memory.resume(released))
-        if weights is not None:
-            self._when_idle(lambda scheduler: self._weights.swap(weights))
+        self._when_idle(lambda scheduler: memory.resume(released))
+        if released.weights is not None:
+            zeros = self._when_idle(lambda scheduler: memory.zero_weights(released))
+            self._when_idle(lambda scheduler: self._weights.swap(zeros))
             self._weights_pending = True
+        self._resumed()
+
+    def _resume_with(self, params: Any, lora: Any) -> None:
+        """Resumes serving `params` (lock held). The weights are mapped and swapped in before
+        the KV pool comes back, so the peak is two copies of the weights (the old, or zero
+        stand-ins for released ones, and the new) or the weights and the KV pool, never all
+        three at once."""
+        released = self._released
+        if released.weights is not None:  # the mapping reads the leaves it replaces
+            zeros = self._when_idle(lambda scheduler: memory.zero_weights(released))
+            self._when_idle(lambda scheduler: self._weights.swap(zeros))
+            del zeros
+        leaves = self._weights.prepare(params, lora)
+        self._when_idle(lambda scheduler: self._weights.swap(leaves))
+        del leaves
+        self._when_idle(lambda scheduler: memory.resume(released))
+        self._weights_pending = False
+        self._resumed()
+
+    def _resumed(self) -> None:
         self._released = None
         self._resume_on_use = False
+        self._restore = None
 
     def _release(self, scheduler: Any, weights: bool) -> memory.Released:
         flushed, message, _ = scheduler.flush_cache()
@@ -537,7 +572,15 @@ class RolloutEngine:
     def _check_serving(self, what: str) -> None:
         self._check_open()
         if self._released is not None and self._resume_on_use:
-            self._resume()
+            if self._released.weights is None:
+                self._resume()
+            elif self._restore is not None:
+                self._resume_with(*self._restore())
+            else:
+                raise RuntimeError(
+                    f"{what}: the engine's weights are released until the next update_params "
+                    "(release_memory(weights=True) without restore=); call update_params first"
+                )
         if self._released is not None:
             raise RuntimeError(
                 f"{what}: the engine's memory is released (release_memory); call "

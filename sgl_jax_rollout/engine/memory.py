@@ -8,21 +8,24 @@ fully idle (`engine.RolloutEngine.release_memory` / `resume_memory`):
   per-layer buffers, `MHATokenToKVPool.kv_buffer`, and a hybrid pool's two sub-pools) and,
   with `weights`, every parameter of the engine's model (`model_state_leaves`). The lists
   keep their (deleted) arrays, so the pools and the model keep their structure.
-- `resume`: puts new zero arrays of the same shapes, dtypes and shardings in their place, in
-  the same lists, so the engine's compiled programs take them as before (no recompile).
-  Weights come back as zeros: the caller must swap in real ones before any step.
+- `resume`: puts new zero KV buffers of the same shapes, dtypes and shardings in their place,
+  in the same lists, so the engine's compiled programs take them as before (no recompile);
+  `zero_weights`: released weights' stand-ins, which the caller swaps in (and replaces by real
+  ones before any step).
 
 Why here and not sgl-jax's `release_memory_occupation`: at the pinned commit (cddbf6f1) the
 tokenizer manager sends `ReleaseMemoryOccupationReqInput` but the scheduler's dispatcher
 (`managers/scheduler.py`, `TypeBasedDispatcher`) has no handler for it, so the call waits
 forever. The prefix cache is flushed first (its KV is gone), by the caller.
 
-No sgl_jax import: reads the runner's attributes (`memory_pools`, `model_state_leaves`; each
+`live_bytes` and `live_bytes_at_resume` measure it (on CPU, where no allocator statistics
+exist). No sgl_jax import: reads the runner's attributes (`memory_pools`, `model_state_leaves`; each
 listed in `upstream.ATTRIBUTES`, checked at engine start).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from typing import Any
@@ -104,13 +107,15 @@ def release(runner: Any, weights: bool) -> Released:
     return Released(kv, weight_specs)
 
 
-def resume(released: Released) -> list[jax.Array] | None:
-    """New zero KV buffers in the released ones' places; the new zero weights to swap in
-    (None when the weights were not released)."""
+def resume(released: Released) -> None:
+    """New zero KV buffers in the released ones' places."""
     for buffers, specs in released.kv:
         buffers[:] = [spec.zeros() for spec in specs]
-    if released.weights is None:
-        return None
+
+
+def zero_weights(released: Released) -> list[jax.Array]:
+    """Zero weights of the released weights' specs (a release with weights only)."""
+    assert released.weights is not None
     return [spec.zeros() for spec in released.weights]
 
 
@@ -126,3 +131,29 @@ def live_bytes() -> int:
     """Bytes of every live device array of this process (what `bench memory` and the tests
     read on CPU, where no allocator statistics exist)."""
     return sum(x.nbytes for x in jax.live_arrays() if not x.is_deleted())
+
+
+@contextlib.contextmanager
+def live_bytes_at_resume(engine: Any):
+    """Within it, the live bytes at the two largest moments of a resume through the engine's
+    `update_weights` (`engine.RolloutEngine`): its new weights mapped, its KV pool back;
+    yields the list they are appended to (`bench memory` and the tests read the peak)."""
+    global resume  # the engine calls `memory.resume`
+    peaks: list[int] = []
+    weights = engine._weights  # the engine's weight mapper (engine/weights.py)
+    prepare, resume_kv = weights.prepare, resume
+
+    def after(fn):
+        def call(*args, **kwargs):
+            out = fn(*args, **kwargs)
+            peaks.append(live_bytes())
+            return out
+
+        return call
+
+    weights.prepare, resume = after(prepare), after(resume_kv)
+    try:
+        yield peaks
+    finally:
+        del weights.prepare
+        resume = resume_kv

@@ -12,6 +12,9 @@ rollout`'s), one engine each, in turn:
   the median of `runs`;
 - `same_tokens`, `max_logprob_diff`: a seeded `generate` before the release and after the
   resume (after the weights' resume, once `update_params` brought them back);
+- `sync_peak_over_steady_bytes`: at the weight sync after a release with weights (`update_params`
+  resuming the engine), the most live bytes over the steady state, against the memory plan's
+  figure (`plan_sync_peak_over_steady_bytes`: the weights over the KV pool, or 0; `plan`);
 - `cycles` release / resume / generate rounds: `live_bytes` after the first and after the
   last (`leak_bytes`), and the compiles they made (`compiles`, target 0).
 
@@ -53,7 +56,7 @@ def measure(model_dir: str, runs: int, cycles: int) -> dict[str, Any]:
     """One engine on `model_dir`: the figures of the module docstring."""
     from flax import nnx
 
-    from sgl_jax_rollout.engine.memory import live_bytes
+    from sgl_jax_rollout.engine.memory import live_bytes, live_bytes_at_resume
     from sgl_jax_rollout.rollout import SglangJaxRollout
     from sgl_jax_rollout.utils.compiles import count_compiles
     from sgl_jax_rollout_apps.bench.columns import rollout_config
@@ -86,13 +89,16 @@ def measure(model_dir: str, runs: int, cycles: int) -> dict[str, Any]:
         out["kv_left_frac"] = (released - (held - freed["kv_bytes"])) / freed["kv_bytes"]
         out.update(_compare(reference, rollout.generate(PROMPTS, config), "kv"))
 
-        freed = rollout.release_memory(weights=True)
+        steady = live_bytes()
+        freed = rollout.release_memory(weights=True, resume_on_use=True)
         out["live_bytes"]["released_kv_and_weights"] = live_bytes()
         out["weight_bytes"] = freed["weight_bytes"]
         left = live_bytes() - (held - freed["kv_bytes"] - freed["weight_bytes"])
         out["weights_left_frac"] = left / (freed["kv_bytes"] + freed["weight_bytes"])
-        rollout.resume_memory()
-        rollout.update_params(weights)
+        with live_bytes_at_resume(rollout.engine) as peaks:
+            rollout.update_params(weights)  # the weight sync after a trainer update
+        out["sync_peak_over_steady_bytes"] = max(peaks) - steady
+        out["plan_sync_peak_over_steady_bytes"] = max(0, freed["weight_bytes"] - freed["kv_bytes"])
         out.update(_compare(reference, rollout.generate(PROMPTS, config), "weights"))
 
         first = None
@@ -114,6 +120,7 @@ def measure(model_dir: str, runs: int, cycles: int) -> dict[str, Any]:
             and out["weights_max_logprob_diff"] <= MAX_LOGPROB_DIFF
             and out["compiles"] == 0
             and out["leak_bytes"] <= 0
+            and out["sync_peak_over_steady_bytes"] <= out["plan_sync_peak_over_steady_bytes"]
         )
         return out
     finally:

@@ -4,6 +4,7 @@ Each test builds its own cluster and engine and shuts the engine down (one engin
 process), before the session rollout starts (tests/conftest.py).
 """
 
+import jax
 import numpy as np
 import pytest
 
@@ -73,6 +74,26 @@ def test_grpo_and_egpo_steps_train_on_rollout_logprobs_and_sync_the_engine(tiny_
     # are the trained actor's own argmax.
     assert last["tokens"] != first["tokens"]
     assert last["tokens"] == last["actor_argmax"]
+
+
+def test_weights_released_between_mini_batches_come_back_as_the_last_synced_ones(tiny_dir):
+    """Two mini-batches a step with the engine's weights released for each trainer update:
+    the second mini-batch's rollout runs before the step's sync, so the engine serves the
+    weights of the last sync again (tunix's anchor state) instead of failing or sampling with
+    others. Its logprobs equal the trainer's under the anchor weights at every step."""
+    # tunix counts optimizer updates as steps: 4 of them are 2 steps of 2 mini-batches
+    cfg = config(tiny_dir, algo="grpo", steps=4, mini_batch_size=2, release_memory="weights")
+
+    def weight_bytes(cluster) -> int:
+        return sum(
+            x.nbytes for x in jax.tree_util.tree_leaves(cluster.rollout.engine.engine_state())
+        )
+
+    history, examples, before, after, _, (weights, _) = train_and_capture(cfg, weight_bytes)
+    assert len(history) == 2 and len(examples) == 4  # two mini-batches a step
+    assert changed(before, after)
+    assert all(row["logp_diff_max"] < 1e-4 for row in history), history
+    assert all(row["memory_released_bytes"] > weights for row in history), history
 
 
 def test_ppo_step_runs_with_rollout_scoring_as_old_logprobs(tiny_dir):

@@ -101,6 +101,39 @@ def test_released_weights_come_back_through_update_params(engine_rollout, traine
     assert_same_samples(before, engine_rollout.generate(PROMPTS, config()))
 
 
+def test_a_call_that_resumes_released_weights_serves_restore_and_peaks_as_planned(
+    engine_rollout, trainer
+):
+    """`resume_on_use` with the weights released (what the learners ask): a `generate` before
+    any `update_params` serves `restore()`'s weights (the same samples as before the release)
+    and the policy version stays; without `restore` it raises and keeps the memory released.
+    At a resume through `update_params` the weights are mapped before the KV pool comes back:
+    the live bytes never pass the steady state by more than (weights - KV pool), the peak
+    the memory plan counts (two copies of the weights, or weights and KV pool)."""
+    from flax import nnx
+
+    from sgl_jax_rollout.engine import memory
+
+    params = nnx.state(trainer, nnx.Param)
+    before = engine_rollout.generate(PROMPTS, config())
+    version = engine_rollout.policy_version
+    engine_rollout.release_memory(weights=True, resume_on_use=True, restore=lambda: params)
+    assert_same_samples(before, engine_rollout.generate(PROMPTS, config()))
+    assert not engine_rollout.engine.released and engine_rollout.policy_version == version
+
+    held = memory.live_bytes()
+    engine_rollout.release_memory(weights=True, resume_on_use=True)
+    with pytest.raises(RuntimeError, match="generate: the engine's weights are released until"):
+        engine_rollout.generate(PROMPTS, config())
+    assert engine_rollout.engine.released
+    freed = engine_rollout.engine._released
+    with memory.live_bytes_at_resume(engine_rollout.engine) as peaks:
+        engine_rollout.update_params(params)
+    assert len(peaks) == 2 and not engine_rollout.engine.released
+    assert max(peaks) <= held + max(0, freed.weight_bytes - freed.kv_bytes), (peaks, held)
+    assert_same_samples(before, engine_rollout.generate(PROMPTS, config()))
+
+
 def test_a_release_waits_for_the_running_call(engine_rollout):
     import time
 
