@@ -11,7 +11,8 @@ per thread (a batch is produced on one thread, start to end). `batch_rollout` is
 thread's last result, the one the learners read; `last_rollout` the last of any thread (for
 inspection); `answering_old_policy` makes this thread's `get_old_per_token_logps` calls answer
 from the learner, `answering_generate` its `generate` calls (with rows the learner's dynamic
-sampling already took through `generate_groups`). It also snapshots the initial policy as
+sampling already took through `generate_groups`), `answering_actor_logps` its
+`get_actor_per_token_logps` calls (routing replay). It also snapshots the initial policy as
 tunix's anchor state, so trainer-side logprobs of step 0 (`get_actor_per_token_logps`) are
 available before the first sync (`snapshot_policy`; the learners call it again where the
 rollout shares the actor's weights and tunix never syncs). With one JAX process per host,
@@ -102,6 +103,16 @@ class RolloutCluster(RLCluster):
         finally:
             self._batch.old_policy = None
 
+    @contextlib.contextmanager
+    def answering_actor_logps(self, answer: Callable[..., Any]) -> Iterator[None]:
+        """Within it, this thread's `get_actor_per_token_logps` calls are answered by
+        `answer` (tunix main scores the old policy there; routing replay scores it replayed)."""
+        self._batch.actor_logps = answer
+        try:
+            yield
+        finally:
+            self._batch.actor_logps = None
+
     def get_old_per_token_logps(self, *args: Any, **kwargs: Any):
         answer = getattr(self._batch, "old_policy", None)
         if answer is not None:
@@ -173,6 +184,9 @@ class RolloutCluster(RLCluster):
         return nnx.merge(graphdef, anchor.filter(nnx.Param), rest)
 
     def get_actor_per_token_logps(self, prompt_tokens, completion_tokens, *args, **kwargs):
+        answer = getattr(self._batch, "actor_logps", None)
+        if answer is not None:
+            return answer(prompt_tokens, completion_tokens, *args, **kwargs)
         return self._per_process(
             super().get_actor_per_token_logps,
             Role.ACTOR,

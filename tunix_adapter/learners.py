@@ -359,11 +359,15 @@ class RolloutGRPOLearner(GRPOLearner):
         self, training_input, mode: Mode = Mode.TRAIN
     ) -> RolloutTrainExample:
         cfg = self.algo_config
-        self._batch.trainer_logps = self._batch.rewards = None
+        self._batch.trainer_logps = self._batch.rewards = self._batch.routing = None
         with contextlib.ExitStack() as self._batch.estimator_inputs:
             self._batch.estimator_inputs.enter_context(
                 self.rl_cluster.answering_old_policy(self._old_policy_answer(mode))
             )
+            if cfg.routing_replay:  # tunix main's old policy (num_iterations > 1), replayed
+                self._batch.estimator_inputs.enter_context(
+                    self.rl_cluster.answering_actor_logps(self._replayed_actor_logps)
+                )
             if mode == Mode.TRAIN and self._sampler is not None:
                 collected = self._sampler.collect(self._sampler.split(training_input))
                 training_input = group_sampling.join_groups(collected.groups)
@@ -374,7 +378,7 @@ class RolloutGRPOLearner(GRPOLearner):
                 self.rl_cluster.buffer_metrics(collected.stats.metrics(), mode=mode)
             example = super()._generate_and_compute_advantage(training_input, mode)
         ids, mask, logprobs, entropy = self._rollout_arrays(mode)
-        self._batch.routing = self._rollout_routing(example.prompt_ids.shape[1], ids.shape[1])
+        self._batch_routing(example.prompt_ids.shape[1], ids.shape[1])
         correction = cfg.off_policy_correction()
         if (cfg.use_rollout_logprobs or correction is not None) and logprobs is None:
             raise ValueError(
@@ -460,6 +464,20 @@ class RolloutGRPOLearner(GRPOLearner):
             out["partial_rollout/current_logp_abs_diff_max"] = (float(gap[current].max()), np.max)
         return out
 
+    def _batch_routing(self, prompt_width: int, width: int) -> np.ndarray | None:
+        """This batch's routing (`_rollout_routing`), read once per batch: the old policy's
+        scoring may need it inside tunix's `_generate_and_compute_advantage`."""
+        if self._batch.routing is None:
+            self._batch.routing = self._rollout_routing(prompt_width, width)
+        return self._batch.routing
+
+    def _replayed_actor_logps(self, prompt_tokens, completion_tokens, *args, **kwargs):
+        """tunix main's `get_actor_per_token_logps` under routing replay: the trainer's
+        logprobs with this batch's rollout experts (`_trainer_scores`), so the first
+        iteration's ratio is 1 where the trainer alone would route otherwise."""
+        del args, kwargs  # pad / eos / micro-batch / temperature: the learner's own
+        return jnp.asarray(self._trainer_scores(prompt_tokens, completion_tokens))
+
     def _rollout_routing(self, prompt_width: int, width: int) -> np.ndarray | None:
         """The last rollout's routed experts in the trainer's input layout, None where the
         rollout returned none (a dense model); ValueError under `routing_replay` then."""
@@ -529,11 +547,12 @@ class RolloutGRPOLearner(GRPOLearner):
         under the weights that sampled them (the anchor state, as tunix scores)."""
         if not self.should_sync_weights:
             self.rl_cluster.snapshot_policy()
+        routing = self._batch_routing(prompt_ids.shape[1], completion_ids.shape[1])
         logps, _ = routing_replay.routing_and_logps(
             self.rl_cluster.anchor_model(),
             jnp.asarray(prompt_ids),
             jnp.asarray(completion_ids),
-            jnp.asarray(self._batch.routing),
+            jnp.asarray(routing),
             pad_id=self.rl_cluster.rollout.pad_id(),
             eos_id=self.rl_cluster.rollout.eos_id(),
             temperature=self.algo_config.temperature,
