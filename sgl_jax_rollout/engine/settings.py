@@ -58,7 +58,7 @@ class EngineSettings:
     `return_routed_experts` (MoE models only, default False): every completion also carries
     the experts each MoE layer routed each of its tokens (and its prompt's) to, for routing
     replay in the trainer (sgl-jax's `enable_return_routed_experts` capturer; its cost:
-    `bench replay`).
+    `bench replay`). With `dp_size` 1 only: the pinned capturer mixes up data-parallel ranks.
     `share_group_prefill` (default True): when a call holds the same prompt more than once (a
     group of n samples), each distinct prompt is prefilled once, in a prefill-only pass whose
     KV the prefix cache then serves to every copy (sgl-jax's tokenizer manager does the same for
@@ -186,6 +186,17 @@ class EngineSettings:
         if "enable_return_routed_experts" in self.extra:
             raise ValueError(
                 "extra must not set enable_return_routed_experts: use return_routed_experts"
+            )
+        if self.return_routed_experts and self.dp_size > 1:
+            # sgl-jax cddbf6f1 captures `out_cache_loc[:real_input_ids_len]` of a batch laid out
+            # per data-parallel rank with padding, into one buffer indexed by slot ids that are
+            # per rank (`routed_experts_capturer.py:253-259`, `schedule_batch.py:2079-2121`,
+            # `allocator.py:101-103`): the rows of rank 1 and above would read other requests'.
+            raise ValueError(
+                f"return_routed_experts needs dp_size=1, got dp_size={self.dp_size}: the pinned "
+                "sgl-jax records a data-parallel batch's experts at the wrong slots (it reads the "
+                "per-rank layout as one), so rows on ranks above 0 would carry other requests' "
+                "experts; use tp_size alone for the devices"
             )
 
     def replace(self, **changes: Any) -> EngineSettings:

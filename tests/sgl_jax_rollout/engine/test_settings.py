@@ -30,6 +30,10 @@ from sgl_jax_rollout.engine.settings import FORCED, EngineSettings
         (dict(return_routed_experts=1), "return_routed_experts must be True or False"),
         (dict(share_group_prefill="yes"), "share_group_prefill must be True or False"),
         (dict(extra={"enable_return_routed_experts": True}), "use return_routed_experts"),
+        (
+            dict(return_routed_experts=True, tp_size=2, dp_size=2),
+            r"return_routed_experts needs dp_size=1, got dp_size=2",
+        ),
         (dict(max_prefill_tokens=10), "max_prefill_tokens"),
         (dict(sampler_modes={"entropy_top_k": 8}), "sampler_modes must be a list"),
         (dict(sampler_modes=[{"entropy_topk": 8}]), r"sampler_modes\[0\] has unknown"),
