@@ -110,6 +110,7 @@ def _check(args: argparse.Namespace) -> int:
         preset=args.preset,
         lora_rank=args.lora_rank,
         prompts=args.prompts,
+        samples=args.samples,
         prompt_tokens=args.prompt_tokens,
         max_tokens=args.max_tokens,
         engine_settings={
@@ -661,12 +662,24 @@ def build_parser() -> argparse.ArgumentParser:
     chk.add_argument("--model-path", required=True, help="HF checkpoint directory")
     chk.add_argument("--preset", default=None, help="slice preset from tpu_configs")
     chk.add_argument("--lora-rank", type=int, default=0, help="check a LoRA actor of this rank")
-    chk.add_argument("--prompts", type=int, default=2, help="prompts per check (>= 1)")
+    chk.add_argument(
+        "--prompts",
+        type=int,
+        default=2,
+        help="prompts per check (>= 1; each next one shorter, so the batch is left-padded)",
+    )
+    chk.add_argument(
+        "--samples",
+        type=int,
+        default=2,
+        help="completions per prompt (>= 1; a group sharing one prefill, as GRPO's; the "
+        "trainer scores prompts x samples rows at once)",
+    )
     chk.add_argument(
         "--prompt-tokens",
         type=int,
         default=1024,
-        help="prompt length in tokens: completions sit past this position (RoPE shows there)",
+        help="the longest prompt in tokens: completions sit past this position (RoPE shows there)",
     )
     chk.add_argument("--max-tokens", type=int, default=32, help="tokens generated per prompt")
     chk.add_argument(

@@ -2,7 +2,9 @@
 
 Owns `CheckConfig`, `run` and `verdicts`. Loads the trainer model (tunix, as training will) and
 the engine on the same weights, then checks, on prompts long enough that positions pass
-`prompt_tokens` (RoPE differences grow with position):
+`prompt_tokens` (RoPE differences grow with position), of different lengths (so the batch the
+trainer scores is left-padded as in training), each sampled `samples` times (a group, whose
+copies share one prefill, as GRPO's do):
 
 1. greedy: the engine's greedy tokens are the trainer's argmax at every position (a bfloat16
    engine: at 90% of them, a token whose trainer logprob is within the bfloat16 tolerance of
@@ -56,13 +58,14 @@ class CheckConfig:
     preset: str | None = None
     lora_rank: int = 0
     prompts: int = 2
-    prompt_tokens: int = 1024  # prompt length: the completions' positions start past it
+    prompt_tokens: int = 1024  # the longest prompt: the completions' positions start past it
+    samples: int = 2  # completions per prompt (tunix's num_generations)
     max_tokens: int = 32
     seed: int = 0
     engine_settings: Any = None  # overrides (a mapping of EngineSettings fields)
 
     def __post_init__(self) -> None:
-        for name in ("prompts", "prompt_tokens", "max_tokens"):
+        for name in ("prompts", "prompt_tokens", "max_tokens", "samples"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.lora_rank < 0:
@@ -120,7 +123,7 @@ def verdicts(config: CheckConfig, rollout, trainer, lora: dict | None = None) ->
     outputs = []
 
     def fidelity(temperature: float) -> float:
-        out = rollout.generate(prompts, _rollout_config(config, temperature))
+        out = rollout.generate(prompts, _rollout_config(config, temperature), n=config.samples)
         outputs.append(out)
         reference, _ = trainer_scores(rollout, trainer, out, temperature, replay)
         return max(
@@ -130,7 +133,9 @@ def verdicts(config: CheckConfig, rollout, trainer, lora: dict | None = None) ->
             )
         )
 
-    greedy = rollout.generate(prompts, _rollout_config(config, 1.0), temperature=0.0)
+    greedy = rollout.generate(
+        prompts, _rollout_config(config, 1.0), temperature=0.0, n=config.samples
+    )
     outputs.append(greedy)
     _, logits = trainer_scores(rollout, trainer, greedy, 1.0, replay)
     near_tie = 0.0 if tolerance == F32_TOLERANCE else tolerance
@@ -359,12 +364,14 @@ def _build(config: CheckConfig):
 
 def _room(config: CheckConfig) -> tuple[int, int, int]:
     """(context length, prefill tokens, batch size), powers of two, that hold every prompt of
-    `prompt_tokens` and its completion, all prompts in one prefill."""
+    up to `prompt_tokens` with its completion, and every row: all prompts in one prefill, then
+    a token for each of their copies (the engine prefills a group's prompt once)."""
     longest = config.prompt_tokens + 16 + config.max_tokens
+    rows = config.prompts * config.samples
     return (
         1 << (longest + 63).bit_length(),
-        1 << (config.prompts * longest - 1).bit_length(),
-        1 << (config.prompts - 1).bit_length(),
+        1 << (config.prompts * longest + rows - 1).bit_length(),
+        1 << (rows - 1).bit_length(),
     )
 
 
@@ -390,16 +397,18 @@ def _engine_dtype(rollout) -> str:
 
 
 def _long_prompts(tokenizer, count: int, tokens: int) -> list[str]:
-    """`count` different prompts of about `tokens` tokens each (cut to `tokens + 16`): chat
-    conversations where the tokenizer has a chat template (`CHAT_OPENING`, then the text as
-    the last user turn), plain text otherwise."""
+    """`count` different prompts, the first of about `tokens` tokens (cut to `tokens + 16`),
+    each next one shorter by a quarter of that over `count` (so a batch of them is left-padded):
+    chat conversations where the tokenizer has a chat template (`CHAT_OPENING`, then the text
+    as the last user turn), plain text otherwise."""
     opening = _chat(tokenizer, "")
     overhead = len(tokenizer.encode(opening, add_special_tokens=False)) if opening else 0
     length = max(1, tokens - overhead)
+    step = length // (4 * count)
     per_sentence = len(tokenizer.encode(SENTENCE, add_special_tokens=False))
     repeats = (length + count) // per_sentence + 2
     ids = tokenizer.encode(SENTENCE * repeats, add_special_tokens=False)
-    texts = [tokenizer.decode(ids[i : i + length]) for i in range(count)]
+    texts = [tokenizer.decode(ids[i : i + max(1, length - i * step)]) for i in range(count)]
     return [_chat(tokenizer, text) or text for text in texts]
 
 

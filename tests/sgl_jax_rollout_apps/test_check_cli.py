@@ -20,3 +20,6 @@ def test_page_size_attention_and_dtype_flags_reach_the_engine_settings(monkeypat
         "native_attention": "upstream",
     }
     assert seen[1].engine_settings == {}
+    assert (seen[1].prompts, seen[1].samples) == (2, 2)  # several rows, left-padded, a group
+    assert cli.main(["check", "--model-path", "m", "--prompts", "3", "--samples", "4"]) == 0
+    assert (seen[2].prompts, seen[2].samples) == (3, 4)
