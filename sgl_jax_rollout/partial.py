@@ -76,6 +76,12 @@ class Member:
         seed = (self.seed + _SEED_STRIDE * len(self.tokens)) & _SEED_MASK
         return prompt + self.tokens, self.budget(limit) - len(self.tokens), seed
 
+    def preview(self, completion: Any, stops: StopRule) -> list[int]:
+        """The tokens `extend(completion, ..., stops)` would leave it with (nothing changes)."""
+        tokens = self.tokens + list(completion.tokens)
+        end = stops.end(tokens, len(self.tokens))
+        return tokens if end is None else tokens[:end]
+
     def extend(
         self, completion: Any, version: int, limit: int, stops: StopRule = StopRule()
     ) -> None:

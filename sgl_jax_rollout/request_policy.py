@@ -162,11 +162,13 @@ class RequestPolicy:
         need_groups: int | None = None,
         limits: list[int] | None = None,
         keep_partial: bool = False,
+        accept: Any = None,
     ) -> tuple[list[Any], list[int]]:
         """One completion per row (row r sampled with seeds[r]); also the held-back stop ids.
         With `groups` / `need_groups`, rows of the groups not needed are None, or with
-        `keep_partial` what they had sampled (early stop: `RolloutEngine.generate`).
-        `limits`: each row's max new tokens (default: the config's)."""
+        `keep_partial` what they had sampled (early stop: `RolloutEngine.generate`, whose
+        `accept` judges each finished group). `limits`: each row's max new tokens (default:
+        the config's)."""
         stop_ids, hold_back = self.stop_rules(options, rollout_config)
         single = options.replace(n=1)
         specs = [RequestSpec(single.replace(seed=s), stop_ids=tuple(hold_back)) for s in seeds]
@@ -180,6 +182,7 @@ class RequestPolicy:
             groups=groups,
             need_groups=need_groups,
             keep_partial=keep_partial,
+            accept=accept,
         )
         return completions, hold_back
 

@@ -144,11 +144,14 @@ class SglangJaxRollout(BaseRollout):
         groups_needed: int,
         keys: list[Any] | None = None,
         max_tokens_per_sample: Sequence[int] | None = None,
+        accept: Callable[[Any, list[str]], bool] | None = None,
         **kwargs: Any,
     ) -> tuple[RolloutOutputWithEntropy, list[Any]]:
         """Over-sampling with early stop: samples `n` completions of every prompt (a group)
         and returns as soon as `groups_needed` groups have all their samples finished; every
-        other sample is aborted (its KV freed, nothing of it returned). slime's
+        other sample is aborted (its KV freed, nothing of it returned). With `accept` (slime's
+        dynamic sampling), a finished group counts only when `accept(key, its texts)` is true,
+        asked as groups finish while the engine goes on; a refused group is dropped. slime's
         `--over-sampling-batch-size` is `len(prompts)`, its `--rollout-batch-size`
         `groups_needed`. Returns the kept groups' output (prompt order, a group's samples
         adjacent, as `generate` lays them out) and the kept groups' keys: `keys[i]` names
@@ -166,10 +169,11 @@ class SglangJaxRollout(BaseRollout):
             raise ValueError(f"keys has {len(keys)} entries for {len(prompts)} prompts")
         if self._partial_rollout:
             return self._generate_partial(
-                prompts, rollout_config, groups_needed, keys, max_tokens_per_sample, kwargs
+                prompts, rollout_config, groups_needed, keys, max_tokens_per_sample, kwargs, accept
             )
+        by_index = None if accept is None else (lambda i, texts: accept(keys[i], texts))
         output, kept = self._generate(
-            prompts, rollout_config, groups_needed, kwargs, max_tokens_per_sample
+            prompts, rollout_config, groups_needed, kwargs, max_tokens_per_sample, by_index
         )
         return output, [keys[i] for i in kept]
 
@@ -202,6 +206,7 @@ class SglangJaxRollout(BaseRollout):
         groups_needed: int | None,
         kwargs: dict[str, Any],
         max_tokens_per_sample: Sequence[int] | None = None,
+        accept: Callable[[int, list[str]], bool] | None = None,
     ) -> tuple[RolloutOutputWithEntropy, list[int]]:
         prompts = inputs.prompt_list(prompts)
         options, limit, max_prompt = self._policy.call(rollout_config, kwargs)
@@ -211,17 +216,29 @@ class SglangJaxRollout(BaseRollout):
         self._policy.refuse_pad(prompt_ids)
         rows = [ids for ids in prompt_ids for _ in range(options.n)]
         groups = None if groups_needed is None else [i // options.n for i in range(len(rows))]
+        judge = None
+        if accept is not None:
+            held = set(self._policy.stop_rules(options, rollout_config)[1])
+
+            def judge(group: int, done: list[Any]) -> bool:
+                return accept(group, [self._text(c.tokens, held) for c in done])
+
         completions, hold_back = self._policy.sample(
-            rows, seeds, options, rollout_config, groups, groups_needed, limits=limits
+            rows,
+            seeds,
+            options,
+            rollout_config,
+            groups,
+            groups_needed,
+            limits=limits,
+            accept=judge,
         )
         kept = sorted({i // options.n for i, c in enumerate(completions) if c is not None})
         rows = [r for r, c in zip(rows, completions, strict=True) if c is not None]
         completions = [c for c in completions if c is not None]
         stops = set(hold_back)
         output = RolloutOutputWithEntropy(
-            text=[
-                self._tokenizer.decode([t for t in c.tokens if t not in stops]) for c in completions
-            ],
+            text=[self._text(c.tokens, stops) for c in completions],
             logits=None,
             tokens=[np.asarray(c.tokens, np.int32) for c in completions],
             left_padded_prompt_tokens=inputs.left_pad(rows, max_prompt, self.pad_id()),
@@ -239,9 +256,11 @@ class SglangJaxRollout(BaseRollout):
         keys: list[Any],
         max_tokens_per_sample: Sequence[int] | None,
         kwargs: dict[str, Any],
+        accept: Callable[[Any, list[str]], bool] | None = None,
     ) -> tuple[RolloutOutputWithEntropy, list[Any]]:
         """`generate_groups` with partial rollouts: the paused groups (continued first) and
-        the new prompts' groups."""
+        the new prompts' groups. With `accept`, the groups it refuses are dropped, and those
+        complete but not yet judged when enough passed are paused, to be judged first next."""
         # no new prompt is fine while paused groups remain: they are the call's groups
         prompts = inputs.prompt_list(prompts) if len(prompts) or not len(self._paused) else []
         options, limit, max_prompt = self._policy.call(rollout_config, kwargs)
@@ -271,14 +290,41 @@ class SglangJaxRollout(BaseRollout):
             )
         for member in (m for g in groups for m in g.members):
             member.done = member.done or len(member.tokens) >= member.budget(limit)
-        ready = sum(g.complete for g in groups)
-        hold_back: list[int] = []
+        stop_rule = self._policy.stop_rule(options, rollout_config)
+        held = set(self._policy.stop_rules(options, rollout_config)[1])
+        # with `accept`: the groups judged, in the order they were; the others complete are
+        # judged at a later call
+        accepted: list[Group] = []
+        refused: set[Group] = set()
+
+        def judged(group: Group, tokens: list[list[int]]) -> bool:
+            ok = bool(accept(group.key, [self._text(t, held) for t in tokens]))
+            if ok:
+                accepted.append(group)
+            else:
+                refused.add(group)
+            return ok
+
+        if accept is not None:
+            for group in (g for g in groups if g.complete):
+                judged(group, [m.tokens for m in group.members])
+        ready = sum(g.complete and g not in refused for g in groups)
         if ready < groups_needed:
             running = [(g, m) for g in groups if not g.complete for m in g.members if not m.done]
             asks = [m.request(g.prompt, limit) for g, m in running]
             ids = {g: k for k, g in enumerate(dict.fromkeys(g for g, _ in running))}
+            order = list(ids)
+
+            def judge(index: int, done: list[Any]) -> bool:
+                group = order[index]
+                new = dict(zip([m for g, m in running if g is group], done, strict=True))
+                tokens = [
+                    m.preview(new[m], stop_rule) if m in new else m.tokens for m in group.members
+                ]
+                return judged(group, tokens)
+
             try:
-                completions, hold_back = self._policy.sample(
+                completions, _ = self._policy.sample(
                     [ask[0] for ask in asks],
                     [ask[2] for ask in asks],
                     options,
@@ -287,23 +333,20 @@ class SglangJaxRollout(BaseRollout):
                     need_groups=groups_needed - ready,
                     limits=[ask[1] for ask in asks],
                     keep_partial=True,
+                    accept=None if accept is None else judge,
                 )
             except BaseException:
                 self._paused.pause(resumed)  # nothing paused is lost when a call fails
                 raise
-            stop_rule = self._policy.stop_rule(options, rollout_config)
             for (_, member), done in zip(running, completions, strict=True):
                 member.extend(done, self.policy_version, limit, stop_rule)
-        complete = [g for g in groups if g.complete]
+        complete = accepted if accept is not None else [g for g in groups if g.complete]
         kept = complete[:groups_needed]
-        self._paused.pause([g for g in groups if g not in kept])
+        self._paused.pause([g for g in groups if g not in kept and g not in refused])
         members = [(g, m) for g in kept for m in g.members]
-        stops = set(hold_back or self._policy.stop_rules(options, rollout_config)[1])
         rows = [g.prompt for g, _ in members]
         output = RolloutOutputWithEntropy(
-            text=[
-                self._tokenizer.decode([t for t in m.tokens if t not in stops]) for _, m in members
-            ],
+            text=[self._text(m.tokens, held) for _, m in members],
             logits=None,
             tokens=[np.asarray(m.tokens, np.int32) for _, m in members],
             left_padded_prompt_tokens=inputs.left_pad(rows, max_prompt, self.pad_id()),
@@ -316,6 +359,10 @@ class SglangJaxRollout(BaseRollout):
             versions=[np.asarray(m.versions, np.int32) for _, m in members],
         )
         return output, [g.key for g in kept]
+
+    def _text(self, tokens: Sequence[int], stops: set[int]) -> str:
+        """A completion's text: its tokens decoded, the held-back stop ids left out."""
+        return self._tokenizer.decode([t for t in tokens if t not in stops])
 
     def prompt_token_ids(self, prompts: list[str], max_prompt_length: int) -> list[list[int]]:
         """The ids `generate` sends for each prompt: one BOS where the tokenizer has one, cut

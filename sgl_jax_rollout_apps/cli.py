@@ -426,7 +426,15 @@ def _add_group_sampling_flags(parser: argparse.ArgumentParser) -> None:
         "--over-sampling-batch-size",
         type=int,
         help="grpo / egpo on the sglang_jax rollout: prompts sent per round (>= the step's); "
-        "a round returns once the groups still needed are complete and aborts the rest",
+        "a round returns once the groups still needed are there and aborts the rest",
+    )
+    parser.add_argument(
+        "--filter-timing",
+        choices=("slime", "after_stop"),
+        default="slime",
+        help="with --filter-groups and --over-sampling-batch-size: slime filters each group "
+        "as it finishes and stops once enough passed (default); after_stop stops once enough "
+        "finished, then filters them",
     )
     parser.add_argument(
         "--partial-rollout",
@@ -445,6 +453,7 @@ def _group_sampling_fields(args: argparse.Namespace) -> dict:
     return {
         "filter_groups": args.filter_groups,
         "over_sampling_batch_size": args.over_sampling_batch_size,
+        "filter_timing": args.filter_timing,
         "partial_rollout": args.partial_rollout,
         "mask_offpolicy_in_partial_rollout": args.mask_offpolicy_in_partial_rollout,
     }

@@ -143,6 +143,7 @@ class DemoConfig:
     # rollouts (`build_cluster`'s): the step's groups may come from more prompts than its own
     filter_groups: str | None = None
     over_sampling_batch_size: int | None = None
+    filter_timing: str = "slime"  # group_sampling.FILTER_TIMINGS
     partial_rollout: bool = False
     max_staleness: int = 1
     mask_offpolicy_in_partial_rollout: bool = False
@@ -240,6 +241,7 @@ class DemoConfig:
             routing_replay=self.routing_replay,
             filter_groups=self.filter_groups,
             over_sampling_batch_size=self.over_sampling_batch_size,
+            filter_timing=self.filter_timing,
             mask_offpolicy_in_partial_rollout=self.mask_offpolicy_in_partial_rollout,
             think_start_id=think_ids[0],
             think_end_id=think_ids[1],

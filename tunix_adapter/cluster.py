@@ -239,17 +239,27 @@ class RolloutCluster(RLCluster):
             self._batch.answer = None
 
     def generate_groups(
-        self, prompts: list[str], *, mode: Mode, groups_needed: int, keys: list[Any], n: int
+        self,
+        prompts: list[str],
+        *,
+        mode: Mode,
+        groups_needed: int,
+        keys: list[Any],
+        n: int,
+        accept: Callable[[Any, list[str]], bool] | None = None,
     ) -> tuple[RolloutOutputWithEntropy, list[Any]]:
         """The rollout's `generate_groups` (`n` samples of every prompt, early stop once
-        `groups_needed` groups are complete) under the rollout config of `mode`."""
+        `groups_needed` groups are complete, or have passed `accept`) under the rollout config
+        of `mode`."""
         if self.cluster_config.offload_to_cpu:
             raise ValueError(
                 "dynamic sampling (generate_groups) does not run with ClusterConfig."
                 "offload_to_cpu=True: the sgl-jax rollout keeps its own weights"
             )
         config = self.get_rollout_config(mode)
-        return self.rollout.generate_groups(prompts, config, groups_needed, keys, n=n)
+        return self.rollout.generate_groups(
+            prompts, config, groups_needed, keys, accept=accept, n=n
+        )
 
     def generate(self, prompts, *args: Any, **kwargs: Any) -> RolloutOutputWithEntropy:
         answer = getattr(self._batch, "answer", None)

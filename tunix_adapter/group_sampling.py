@@ -17,6 +17,12 @@ Owns:
   that pass beyond B are discarded (verl truncates the batch the same way). With partial
   rollouts it keeps the inputs of the groups the rollout paused, under the keys it gave them,
   until they come back or the rollout drops them.
+- `FILTER_TIMINGS`: when a round that stops early filters. `"slime"` (the default, slime's
+  `generate_rollout_async`): each group is scored and filtered as it finishes, while the
+  engine goes on, and the round stops once the groups it needs have *passed*; a round whose
+  groups all finished short of that ends, and the next sends more. `"after_stop"`: the round
+  stops once the groups it needs have *finished*, then filters them, and aborts the others,
+  some of which would have passed (each round costs one reward call, not one per group).
 - `SamplingStats`: what the rounds did, as metrics (`dynamic_sampling/*`).
 
 Nothing here imports tunix or the engine: the learner hands the sampler its rollout call, its
@@ -34,6 +40,7 @@ import numpy as np
 from jaxtyping import Float
 
 FILTERS = ("verl", "slime")
+FILTER_TIMINGS = ("slime", "after_stop")
 SLIME_MIN_STD = 1e-6  # check_reward_nonzero_std's threshold
 
 
@@ -147,6 +154,13 @@ class SamplingStats:
 
 
 @dataclasses.dataclass
+class _Texts:
+    """A group's texts where the reward call reads a rollout output (its `text`)."""
+
+    text: list[str]
+
+
+@dataclasses.dataclass
 class Collected:
     groups: list[GroupInput]  # the B kept, in the order they were kept
     output: Any  # their rollout rows, a group's n adjacent
@@ -175,16 +189,22 @@ class GroupSampler:
         metric: str,
         max_num_gen_batches: int,
         over_sampling_batch_size: int | None,
-        generate: Callable[[list[str], list[int], int], tuple[Any, list[int]]],
+        generate: Callable[..., tuple[Any, list[int]]],
         score: Callable[[list[GroupInput], Any], Mapping[str, Any]],
         draw: Callable[[], Mapping[str, Any]],
         paused_keys: Callable[[], list[int]] | None = None,
+        filter_timing: str = "slime",
     ) -> None:
         if filter_rule is not None and filter_rule not in FILTERS:
             raise ValueError(
                 f"filter_groups must be one of {FILTERS} (or None), got {filter_rule!r}"
             )
+        if filter_timing not in FILTER_TIMINGS:
+            raise ValueError(
+                f"filter_timing must be one of {FILTER_TIMINGS}, got {filter_timing!r}"
+            )
         self.n, self.filter_rule, self.metric = n, filter_rule, metric
+        self.filter_timing = filter_timing
         self.max_num_gen_batches = max_num_gen_batches
         self.over_sampling_batch_size = over_sampling_batch_size
         self._generate, self._score, self._draw = generate, score, draw
@@ -206,6 +226,7 @@ class GroupSampler:
                 f"be >= {need} (slime: --over-sampling-batch-size >= --rollout-batch-size)"
             )
         early = self.over_sampling_batch_size is not None or self._paused_keys is not None
+        judged = early and self.filter_rule is not None and self.filter_timing == "slime"
         stats = SamplingStats()
         kept: list[tuple[GroupInput, Any, Mapping[str, Any], np.ndarray]] = []
         fresh = list(batch)
@@ -226,14 +247,23 @@ class GroupSampler:
             lookup = {**self._paused, **sent}
             missing = min(need - len(kept), len(lookup))
             wanted = missing if early else len(fresh)
-            output, keys = self._generate([g.prompt for g in fresh], list(sent), wanted)
+            scored: dict[int, Mapping[str, Any]] = {}
+            prompts = [g.prompt for g in fresh]
+            if judged:
+                accept = self._accepts(lookup, sent, scored, stats)
+                output, keys = self._generate(prompts, list(sent), wanted, accept)
+            else:
+                output, keys = self._generate(prompts, list(sent), wanted)
             groups = [lookup[k] for k in keys]
             stats.groups_resumed += sum(k not in sent for k in keys)
             stats.groups_aborted += len(sent) - sum(k in sent for k in keys)
             if self._paused_keys is not None:
                 self._paused = lookup
                 self._held_paused()
-            rewards = self._score(groups, output)
+            if judged:
+                rewards = concat_rewards([(scored[k], np.arange(self.n)) for k in keys])
+            else:
+                rewards = self._score(groups, output)
             values = self._metric_values(rewards)
             for i, group in enumerate(groups):
                 rows = np.arange(i * self.n, (i + 1) * self.n)
@@ -258,6 +288,26 @@ class GroupSampler:
             rewards=concat_rewards([(info, rows) for _, _, info, rows in kept]),
             stats=stats,
         )
+
+    def _accepts(
+        self,
+        lookup: Mapping[int, GroupInput],
+        sent: Mapping[int, GroupInput],
+        scored: dict[int, Mapping[str, Any]],
+        stats: SamplingStats,
+    ) -> Callable[[int, list[str]], bool]:
+        """slime's filter as groups finish: scores the group of `key` on its texts (kept in
+        `scored`), true when the filter passes it; a refusal is counted as filtered."""
+
+        def accept(key: int, texts: list[str]) -> bool:
+            scored[key] = self._score([lookup[key]], _Texts(texts))
+            if keeps_group(self._metric_values(scored[key]), self.filter_rule):
+                return True
+            stats.groups_filtered += 1
+            stats.groups_aborted -= key in sent  # finished, then dropped by the filter
+            return False
+
+        return accept
 
     def _held_paused(self) -> dict[int, GroupInput]:
         """The inputs of the groups the rollout will continue at its next call (others are

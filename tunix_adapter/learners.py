@@ -96,7 +96,11 @@ class RolloutGRPOConfig(GRPOConfig):
       ValueError (verl's; <= 0: no cap, verl's default).
     - `over_sampling_batch_size` (slime's `--over-sampling-batch-size`; default None): each
       round sends this many prompts (>= B; the batch's own first, then more from the data
-      iterator) and returns once the groups it still needs are complete, aborting the rest.
+      iterator) and returns once the groups it still needs are there, aborting the rest.
+      `filter_timing` says what "there" means with a filter: `"slime"` (the default, slime's
+      `generate_rollout_async`): each group is scored and filtered as it finishes, and the
+      round returns once enough have passed; `"after_stop"`: once enough have finished, then
+      they are filtered (fewer reward calls; groups that would have passed are aborted).
     - `mask_offpolicy_in_partial_rollout` (slime's; needs a rollout built with
       `partial_rollout=True`): the tokens a continued sample drew under an older policy
       version leave the loss's completion mask.
@@ -117,6 +121,7 @@ class RolloutGRPOConfig(GRPOConfig):
     filter_groups_metric: str = "reward"
     max_num_gen_batches: int = 0
     over_sampling_batch_size: int | None = None
+    filter_timing: str = "slime"
     mask_offpolicy_in_partial_rollout: bool = False
     log_trainer_logprobs: bool = True
     egpo_lambda: float = 0.4
@@ -160,6 +165,11 @@ class RolloutGRPOConfig(GRPOConfig):
             raise ValueError(
                 f"filter_groups must be one of {group_sampling.FILTERS} or None, got "
                 f"{self.filter_groups!r}"
+            )
+        if self.filter_timing not in group_sampling.FILTER_TIMINGS:
+            raise ValueError(
+                f"filter_timing must be one of {group_sampling.FILTER_TIMINGS}, got "
+                f"{self.filter_timing!r}"
             )
         if not isinstance(self.filter_groups_metric, str) or not self.filter_groups_metric:
             raise ValueError(
@@ -277,6 +287,7 @@ class RolloutGRPOLearner(GRPOLearner):
             metric=cfg.filter_groups_metric,
             max_num_gen_batches=cfg.max_num_gen_batches,
             over_sampling_batch_size=cfg.over_sampling_batch_size,
+            filter_timing=cfg.filter_timing,
             generate=self._generate_round,
             score=self._score_round,
             draw=self._draw_micro_batch,
@@ -295,13 +306,14 @@ class RolloutGRPOLearner(GRPOLearner):
             raise StopIteration
         return next(self._train_iterator)
 
-    def _generate_round(self, prompts, keys, groups_needed):
+    def _generate_round(self, prompts, keys, groups_needed, accept=None):
         return self.rl_cluster.generate_groups(
             prompts,
             mode=Mode.TRAIN,
             groups_needed=groups_needed,
             keys=keys,
             n=self.algo_config.num_generations,
+            accept=accept,
         )
 
     def _score_round(self, groups, output):

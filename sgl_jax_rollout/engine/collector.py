@@ -6,7 +6,8 @@ step, and its `Completion` once finished. Callers `register` before submitting a
 (or `forget`) after; every store is keyed by request id, and `sizes()` lets tests check that
 nothing outlives its request. A call that needs only some groups of its requests
 `watch_groups`: a future set, on the scheduler thread, as soon as enough groups have every
-request finished.
+request finished; with `accept`, only the groups `accept` passes count, judged on the caller's
+thread (`judge_groups`) while the engine goes on.
 
 The scheduler side is four hooks, called by the sampler hooks (`patches/sampler_hooks.py`):
 `fail` (a step of these requests failed: each gets a completion carrying the error),
@@ -23,10 +24,11 @@ objects.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import dataclasses
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -86,13 +88,37 @@ class Collector:
         self._watch: _GroupWatch | None = None
 
     # Caller side.
-    def watch_groups(self, group_of: Mapping[str, int], need: int) -> concurrent.futures.Future:
+    def watch_groups(
+        self,
+        group_of: Mapping[str, int],
+        need: int,
+        accept: Callable[[int, list[Completion]], bool] | None = None,
+    ) -> concurrent.futures.Future:
         """A future set to the first `need` groups (ids, in the order they completed) whose
         every request finished without error or abort; `group_of` maps request ids to groups.
-        One watch at a time (calls are serialised); `unwatch` ends it."""
+        With `accept`, a complete group counts only when `accept(group, its completions in
+        request order)` is true, called by `judge_groups` (the caller's thread). One watch at a
+        time (calls are serialised); `unwatch` ends it."""
         with self._lock:
-            self._watch = _GroupWatch(dict(group_of), need)
+            self._watch = _GroupWatch(dict(group_of), need, accept)
             return self._watch.future
+
+    def judge_groups(self) -> list[int]:
+        """With a watch's `accept`: judges the groups completed since the last call, in the
+        order they completed (until the watch has `need`); returns every group accepted so
+        far. Caller's thread only."""
+        watch = self._watch
+        if watch is None or watch.accept is None:
+            return []
+        while watch.ready and not watch.future.done():
+            group = watch.ready.popleft()
+            with self._lock:
+                done = [self._done[rid] for rid in watch.rids_of[group]]
+            if watch.accept(group, done):
+                watch.accepted.append(group)
+                if len(watch.accepted) == watch.need:
+                    watch.future.set_result(list(watch.accepted))
+        return list(watch.accepted)
 
     def unwatch(self) -> None:
         with self._lock:
@@ -236,14 +262,19 @@ class Collector:
 class _GroupWatch:
     """Which groups of a call have every request finished (`Collector.watch_groups`)."""
 
-    def __init__(self, group_of: dict[str, int], need: int) -> None:
+    def __init__(self, group_of: dict[str, int], need: int, accept: Any = None) -> None:
         self.group_of = group_of
         self.left: dict[int, int] = {}
-        for group in group_of.values():
+        self.rids_of: dict[int, list[str]] = collections.defaultdict(list)
+        for rid, group in group_of.items():
             self.left[group] = self.left.get(group, 0) + 1
+            self.rids_of[group].append(rid)
         self.need = need
         self.complete: list[int] = []
         self.future: concurrent.futures.Future = concurrent.futures.Future()
+        self.accept = accept  # judged by `Collector.judge_groups`, on the caller's thread
+        self.ready: collections.deque[int] = collections.deque()  # complete, not judged yet
+        self.accepted: list[int] = []
 
     def finished(self, rid: str, ok: bool) -> None:
         group = self.group_of.get(rid)
@@ -252,7 +283,9 @@ class _GroupWatch:
         self.left[group] = self.left[group] - 1 if ok else -1  # -1: the group cannot complete
         if self.left[group] == 0:
             self.complete.append(group)
-            if len(self.complete) == self.need:
+            if self.accept is not None:
+                self.ready.append(group)
+            elif len(self.complete) == self.need:
                 self.future.set_result(list(self.complete))
 
 

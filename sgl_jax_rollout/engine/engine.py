@@ -54,6 +54,7 @@ logger = logging.getLogger(__name__)
 SCHEDULER_THREAD_PREFIX = "sglang::scheduler"
 DETOKENIZER_THREAD_PREFIX = "sglang-jax::detokenizer"
 STOP_TIMEOUT_S = 30.0
+JUDGE_POLL_S = 0.01  # how often a call with `accept` judges the groups that finished
 
 
 @dataclasses.dataclass
@@ -210,6 +211,7 @@ class RolloutEngine:
         groups: Sequence[int] | None = None,
         need_groups: int | None = None,
         keep_partial: bool = False,
+        accept: Callable[[int, list[Completion]], bool] | None = None,
     ) -> list[Completion | None]:
         """One completion per (prompt, spec), in order. Specs must share their output modes.
         `max_new_tokens`: one limit for every row, or one per row.
@@ -218,7 +220,11 @@ class RolloutEngine:
         many groups have every row finished: the rows of the other groups are aborted (their KV
         freed) and come back as None, or with `keep_partial` as what they had sampled (a
         `Completion` whose `finish_reason` is an abort unless the row had finished; no tokens
-        for a row that never started).
+        for a row that never started). With `accept` (slime's dynamic sampling), a finished
+        group counts only when `accept(group, its completions)` is true; it is called on this
+        thread, in the order groups finish, while the engine goes on; a group it refuses comes
+        back as None (or as sampled, with `keep_partial`). Without enough accepted groups the
+        call returns when every row has finished.
 
         Raises RuntimeError naming the failure when any request of the call failed (a step
         of the engine raised, the call was aborted, the engine stopped); the engine keeps
@@ -233,6 +239,8 @@ class RolloutEngine:
             raise ValueError(f"one call must use one logprob / entropy mode, got {modes}")
         rows = len(prompts)
         _check_groups(groups, need_groups, rows)
+        if accept is not None and need_groups is None:
+            raise ValueError("accept judges groups: it needs groups and need_groups")
         input_ids = [self._checked_ids(p, f"prompt {i}") for i, p in enumerate(prompts)]
         stop = stop or [()] * rows
         stop_token_ids = stop_token_ids or [()] * rows
@@ -260,14 +268,16 @@ class RolloutEngine:
                 early = None
                 if need_groups is not None:
                     group_of = dict(zip(rids, groups, strict=True))
-                    early = self.collector.watch_groups(group_of, need_groups)
+                    early = self.collector.watch_groups(group_of, need_groups, accept)
                 outputs = self._submit(
                     early=early,
+                    judged=accept is not None,
                     input_ids=input_ids,
                     sampling_params=params,
                     rid=rids,
                     return_routed_experts=self.settings.return_routed_experts,
                 )
+                accepted = self.collector.judge_groups()  # the groups that finished last
                 completions = [self.collector.take(rid) for rid in rids]
             except BaseException:
                 self._abort(rids)
@@ -277,7 +287,9 @@ class RolloutEngine:
                 self.collector.forget(rids)
         self.prefill_counts.add(outputs, sum(map(len, input_ids)))
         keep = [True] * rows
-        if early is not None:
+        if accept is not None:
+            keep = [g in set(accepted) for g in groups]
+        elif early is not None:
             kept = set(early.result())
             keep = [g in kept for g in groups]
         failures = [
@@ -416,11 +428,14 @@ class RolloutEngine:
             return f"aborted: {self._abort_reason}"
         return message
 
-    def _submit(self, early: concurrent.futures.Future | None = None, **fields: Any) -> list[dict]:
+    def _submit(
+        self, early: concurrent.futures.Future | None = None, judged: bool = False, **fields: Any
+    ) -> list[dict]:
         """Sends one batch request; returns its outputs, or raises when the engine ends first
         (shut down from another thread, or stopped by a fault). When `early` is set first (a
         `Collector.watch_groups` future), every request of the batch still running is aborted
-        and the outputs come back once upstream has ended them."""
+        and the outputs come back once upstream has ended them. `judged`: the watch's groups
+        are judged here as they finish (`Collector.judge_groups`), every `JUDGE_POLL_S`."""
         obj = upstream.get("GenerateReqInput")(**fields)
 
         async def run():
@@ -431,7 +446,9 @@ class RolloutEngine:
         future = asyncio.run_coroutine_threadsafe(run(), self._engine.loop)
         waits = [future, self._hooks.ended, *([early] if early is not None else [])]
         try:
-            concurrent.futures.wait(waits, return_when=FIRST_COMPLETED)
+            poll = JUDGE_POLL_S if judged else None
+            while not concurrent.futures.wait(waits, poll, FIRST_COMPLETED).done:
+                self.collector.judge_groups()
             if early is not None and early.done() and not future.done():
                 self._abort([rid for rid in fields["rid"] if not self.collector.finished(rid)])
                 concurrent.futures.wait([future, self._hooks.ended], return_when=FIRST_COMPLETED)

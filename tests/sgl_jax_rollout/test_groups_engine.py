@@ -326,3 +326,36 @@ def test_a_paused_sample_ending_at_the_abort_or_across_the_pause_is_finished_not
         assert out2.text[kept2.index(5)].endswith(stop_text)
     finally:
         rollout._paused.clear()
+
+
+def test_accept_judges_each_group_as_it_finishes_and_drops_the_refused(rollout, monkeypatch):
+    """slime's dynamic sampling on the engine: `accept(key, texts)` is asked once per finished
+    group, with the texts it returns; only groups it passes count and come back. Fewer passing
+    than needed: the call returns when every sample finished. With partial rollouts a refused
+    group is dropped, not paused."""
+    cfg = config(max_tokens_to_generate=8, seed=11)
+    prompts = [f"judge {i}: the quick brown fox" for i in range(4)]
+    asked = {}
+
+    def accept(key, texts):
+        asked[key] = texts
+        return key != "a"
+
+    out, kept = rollout.generate_groups(prompts, cfg, 2, list("abcd"), n=2, accept=accept)
+    assert len(kept) == 2 and "a" not in kept and set(kept) <= set(asked)
+    for g, key in enumerate(kept):
+        assert out.text[2 * g : 2 * g + 2] == asked[key]
+    asked.clear()
+    out, kept = rollout.generate_groups(
+        prompts, cfg, 2, list("abcd"), n=2, accept=lambda k, t: k == "d"
+    )
+    assert kept == ["d"] and len(out.tokens) == 2
+    monkeypatch.setattr(rollout, "_partial_rollout", True)
+    monkeypatch.setattr(rollout, "_paused", PausedGroups())
+    try:
+        out, kept = rollout.generate_groups(
+            prompts, cfg, 3, list("wxyz"), n=2, accept=lambda key, texts: key != "x"
+        )
+        assert sorted(kept) == ["w", "y", "z"] and rollout.paused_groups == 0
+    finally:
+        rollout._paused.clear()

@@ -44,23 +44,31 @@ class Output:  # the fields of a rollout output the sampler handles: per-row lis
 
 
 class FakeRollout:
-    """Stands in for `generate_groups`: runs until `groups_needed` groups are complete, the
-    groups whose prompt `slow(prompt)` says is slow last; the others are aborted, or with
-    `partial` paused and sent first at the next call."""
+    """Stands in for `generate_groups`: runs until `groups_needed` groups are complete (with
+    `accept`, until that many finished groups passed it, a refused one dropped), the groups
+    whose prompt `slow(prompt)` says is slow last; the others are aborted, or with `partial`
+    paused and sent first at the next call."""
 
     def __init__(self, n, slow=lambda p: False, partial=False):
         self.n, self.slow, self.partial = n, slow, partial
         self.calls, self.paused = [], []
 
-    def __call__(self, prompts, keys, groups_needed):
+    def __call__(self, prompts, keys, groups_needed, accept=None):
         self.calls.append((list(prompts), list(keys), groups_needed))
         pending = self.paused + list(zip(keys, prompts, strict=True))
         order = [x for x in pending if not self.slow(x[1])] + [
             x for x in pending if self.slow(x[1])
         ]
-        finished = order[:groups_needed]
+        finished, refused = order[:groups_needed], []
+        if accept is not None:
+            finished = []
+            for key, prompt in order:
+                if len(finished) == groups_needed:
+                    break
+                texts = [f"{prompt}|{i}" for i in range(self.n)]
+                (finished if accept(key, texts) else refused).append((key, prompt))
         done = [x for x in pending if x in finished]
-        self.paused = [x for x in pending if x not in done] if self.partial else []
+        self.paused = [x for x in pending if x not in done + refused] if self.partial else []
         rows = [(k, p) for k, p in done for _ in range(self.n)]
         out = Output(
             text=[f"{p}|{i % self.n}" for i, (_, p) in enumerate(rows)],
@@ -168,11 +176,16 @@ def test_the_data_running_out_is_named():
 
 
 def test_over_sampling_asks_for_what_is_missing_and_counts_the_aborted():
+    """`filter_timing="after_stop"`: a round stops at the groups it needs finished, then
+    filters them."""
     n = 2
     table = {p: [0, 1] for p in "abcdefgh"}
     table["a"] = [1, 1]
     rollout = FakeRollout(n, slow=lambda p: p == "c")
-    s = sampler(rollout, reward_of(table), stream(list("efgh"), 4), over_sampling_batch_size=5)
+    data = stream(list("efgh"), 4)
+    s = sampler(
+        rollout, reward_of(table), data, over_sampling_batch_size=5, filter_timing="after_stop"
+    )
     got = s.collect(s.split(batch(["a", "b", "c"], n)))
     prompts, keys, needed = rollout.calls[0]
     assert prompts == ["a", "b", "c", "e", "f"] and needed == 3
@@ -187,6 +200,35 @@ def test_over_sampling_asks_for_what_is_missing_and_counts_the_aborted():
         sampler(rollout, reward_of(table), stream([], 1), over_sampling_batch_size=2).collect(
             s.split(batch(["a", "b", "c"], n))
         )
+
+
+def test_slimes_timing_filters_each_group_as_it_finishes_and_stops_when_enough_passed():
+    """The default, slime's `generate_rollout_async`: the same batch and data as above. a
+    finishes first and is filtered out; b, e and f pass, which is enough: one round, and only
+    the slow c aborted (after the stop, g would have been sent for the filtered a instead).
+    Each finished group is scored once, on its own texts; the kept groups' rewards are those."""
+    n = 2
+    table = {p: [0, 1] for p in "abcdefgh"}
+    table["a"] = [1, 1]
+    rollout = FakeRollout(n, slow=lambda p: p == "c")
+    calls = []
+    score = reward_of(table)
+
+    def counted(groups, output):
+        calls.append(([g.prompt for g in groups], list(output.text)))
+        return score(groups, output)
+
+    s = sampler(rollout, counted, stream(list("efgh"), 4), over_sampling_batch_size=5)
+    got = s.collect(s.split(batch(["a", "b", "c"], n)))
+    assert len(rollout.calls) == 1 and rollout.calls[0][2] == 3
+    assert [g.prompt for g in got.groups] == ["b", "e", "f"]
+    assert calls == [([p], [f"{p}|0", f"{p}|1"]) for p in "abef"]
+    np.testing.assert_array_equal(got.rewards["rewards"], [0, 1] * 3)
+    stats = got.stats
+    assert (stats.num_gen_batches, stats.groups_sampled, stats.groups_kept) == (1, 5, 3)
+    assert (stats.groups_filtered, stats.groups_aborted, stats.groups_discarded) == (1, 1, 0)
+    with pytest.raises(ValueError, match=r"filter_timing must be one of \('slime', 'after_stop'\)"):
+        sampler(rollout, counted, stream([], 1), filter_timing="first")
 
 
 def test_partial_rollouts_keep_the_paused_groups_inputs_until_they_come_back():
