@@ -579,7 +579,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         help="prompts per optimizer update (tunix's mini_batch_size; default: the step's "
-        "prompts); the weights reach the rollout once per step",
+        "prompts); the weights reach the rollout once per step, and --steps counts updates "
+        "(tunix's max_steps)",
     )
     demo.add_argument(
         "--tis-cap",
