@@ -123,7 +123,9 @@ def _check(args: argparse.Namespace) -> int:
             if value is not None
         },
     )
-    rows = check.run(config)
+    rows = check.run(
+        config, progress=lambda line: print(f"check: {line}", file=sys.stderr, flush=True)
+    )
     print(check.table(rows))
     failed = [row.check for row in rows if not row.ok]
     if failed:

@@ -40,6 +40,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -94,18 +96,31 @@ def _greedy_agrees(tokens: np.ndarray, logits: np.ndarray, near_tie: float) -> n
     return (tokens == logits.argmax(-1)) | (top - chosen <= near_tie)
 
 
-def run(config: CheckConfig) -> list[Verdict]:
-    """Builds trainer and engine for `config.model_path`, runs every check, shuts down."""
+def run(config: CheckConfig, progress: Callable[[str], None] | None = None) -> list[Verdict]:
+    """Builds trainer and engine for `config.model_path`, runs every check, shuts down.
+    `progress` gets a line as each stage starts (the CLI prints them)."""
+    say = progress or (lambda line: None)
+    started = time.perf_counter()
+    say(f"loading the trainer model and starting the engine for {config.model_path}")
     trainer, rollout, lora = _build(config)
+    say(f"ready after {time.perf_counter() - started:.0f} s")
     try:
-        return verdicts(config, rollout, trainer, lora)
+        return verdicts(config, rollout, trainer, lora, progress)
     finally:
         rollout.shutdown()
 
 
-def verdicts(config: CheckConfig, rollout, trainer, lora: dict | None = None) -> list[Verdict]:
+def verdicts(
+    config: CheckConfig,
+    rollout,
+    trainer,
+    lora: dict | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> list[Verdict]:
     """Every check on an existing rollout and trainer model (`run` builds both). With `lora`,
-    the trainer carries qwix adapters and the sync check sends only those, as tunix does."""
+    the trainer carries qwix adapters and the sync check sends only those, as tunix does.
+    `progress` gets a line as each stage starts."""
+    say = progress or (lambda line: None)
     from flax import nnx
 
     from tunix_adapter import routing_replay
@@ -121,8 +136,12 @@ def verdicts(config: CheckConfig, rollout, trainer, lora: dict | None = None) ->
     if not pad_row.ok:
         return [pad_row]
     outputs = []
+    rows_of = (
+        f"{len(ids)} prompts of {'/'.join(str(len(i)) for i in ids)} tokens x {config.samples}"
+    )
 
     def fidelity(temperature: float) -> float:
+        say(f"sampling and scoring at T={temperature:g} ({rows_of}, {config.max_tokens} new)")
         out = rollout.generate(prompts, _rollout_config(config, temperature), n=config.samples)
         outputs.append(out)
         reference, _ = trainer_scores(rollout, trainer, out, temperature, replay)
@@ -133,6 +152,7 @@ def verdicts(config: CheckConfig, rollout, trainer, lora: dict | None = None) ->
             )
         )
 
+    say(f"greedy tokens against the trainer's argmax ({rows_of}, {config.max_tokens} new)")
     greedy = rollout.generate(
         prompts, _rollout_config(config, 1.0), temperature=0.0, n=config.samples
     )
@@ -175,6 +195,7 @@ def verdicts(config: CheckConfig, rollout, trainer, lora: dict | None = None) ->
         )
 
     kind = nnx.LoRAParam if lora else nnx.Param
+    say("update_params with perturbed " + ("LoRA adapters" if lora else "weights"))
     state = nnx.state(trainer, kind)
     nnx.update(trainer, perturbed(state, scale=0.05, seed=config.seed + 1))
     rollout.update_params(nnx.state(trainer, kind), (kind,))

@@ -452,11 +452,10 @@ def _memory_release(option: str | bool | None, rollout: str, shared: bool) -> st
 def pad_safe_tokenizer(model_path: Path, actor: Any) -> Any:
     """The model's tokenizer with the pad id both rollouts and tunix's learners use
     (`sgl_jax_rollout.pad_id`): never EOS, never an id a prompt holds."""
-    from transformers import AutoTokenizer
-
     from sgl_jax_rollout.pad_id import pad_safe
     from sgl_jax_rollout.rollout_inputs import eos_ids
+    from sgl_jax_rollout.utils.model_dir import load_tokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    tokenizer = load_tokenizer(model_path)
     stops = eos_ids(model_path, tokenizer.eos_token_id)
     return pad_safe(tokenizer, vocab_size(actor.config), stops)

@@ -32,10 +32,11 @@ there, else counted from the config (dense Qwen / Llama layout).
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from pathlib import Path
 from typing import Any
+
+from sgl_jax_rollout.utils import model_dir as model_dir_lib
 
 GiB = 2**30
 # HBM per chip, from Google Cloud's TPU system architecture pages.
@@ -95,8 +96,11 @@ def plan(
         raise ValueError(f"batch and seq_len must be >= 1, got {batch} and {seq_len}")
     if lora_rank < 0:
         raise ValueError(f"lora_rank must be >= 0, got {lora_rank}")
-    config = json.loads((Path(model_dir) / "config.json").read_text())
-    shape = _Shape.of(config)
+    config = model_dir_lib.read_config(model_dir)
+    try:
+        shape = _Shape.of(config)
+    except KeyError as err:
+        raise model_dir_lib.missing_key(model_dir, config, err) from None
     params = parameter_count(model_dir, config)
     ckpt = ITEMSIZE[str(config.get("torch_dtype", "float32"))]
     settings = preset.engine_settings()

@@ -13,13 +13,13 @@ settings tunix's models ignore are applied through `tunix_adapter.rope`.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import jax
 
 from sgl_jax_rollout import tunix_compat
+from sgl_jax_rollout.utils import model_dir as model_dir_lib
 from tunix_adapter.gemma4_config import gemma4_config
 from tunix_adapter.gemma_window import fix_sliding_window
 from tunix_adapter.rope import fix_rope, rope_config
@@ -33,20 +33,20 @@ _TUNIX_MODELS = {
 }
 
 
-def _hf_config(model_dir: str | Path) -> dict[str, Any]:
-    path = Path(model_dir) / "config.json"
-    if not path.is_file():
-        raise ValueError(f"model_dir must hold a config.json, none found at {path}")
-    return json.loads(path.read_text())
-
-
 def tunix_model_config(model_dir: str | Path):
     """tunix `ModelConfig` equivalent to the HF config in `model_dir`."""
     return _tunix_config_and_package(model_dir)[0]
 
 
 def _tunix_config_and_package(model_dir: str | Path):
-    hf = _hf_config(model_dir)
+    hf = model_dir_lib.read_config(model_dir)
+    try:
+        return _config_of(hf)
+    except KeyError as err:
+        raise model_dir_lib.missing_key(model_dir, hf, err) from None
+
+
+def _config_of(hf: dict[str, Any]):
     model_type = hf.get("model_type")
     if model_type == "gemma2":
         fix_sliding_window()  # tunix's window counts a left-padded row's padding
@@ -157,6 +157,7 @@ def vocab_size(config: Any) -> int:
 def load_tunix_model(model_dir: str | Path, mesh: jax.sharding.Mesh | None = None):
     """The nnx model of `model_dir`, loaded by tunix's own safetensors loader."""
     config, package = _tunix_config_and_package(model_dir)
+    model_dir_lib.check_weights(model_dir)
     # tunix's Gemma packages name their safetensors loader's module differently
     params = tunix_compat.model_module(
         package, "params_safetensors" if package in ("gemma", "gemma4") else "params"

@@ -19,7 +19,6 @@ import collections
 import concurrent.futures
 import contextlib
 import dataclasses
-import json
 import logging
 import signal
 import sys
@@ -48,6 +47,7 @@ from sgl_jax_rollout.engine.settings import (
 )
 from sgl_jax_rollout.utils import compilation_cache
 from sgl_jax_rollout.utils.compiles import ENGINE_START_EVENT
+from sgl_jax_rollout.utils.model_dir import load_tokenizer, missing_key, read_config
 
 logger = logging.getLogger(__name__)
 
@@ -90,10 +90,7 @@ class RolloutEngine:
         (`engine.lora`); they start at zero until `update_weights` brings them."""
         settings = settings or EngineSettings()
         model_path = Path(model_path)
-        config_file = model_path / "config.json"
-        if not config_file.is_file():
-            raise ValueError(f"model_path must be a model directory with config.json: {model_path}")
-        model_config = json.loads(config_file.read_text())
+        model_config = read_config(model_path)
         check_rope_scaling(model_config)
         if threading.current_thread() is not threading.main_thread():
             raise RuntimeError(
@@ -122,13 +119,14 @@ class RolloutEngine:
             )
         cache_root = compilation_cache.cache_root(settings.compilation_cache_dir)
         settings = _on_devices(settings, jax.devices())
-        from transformers import AutoTokenizer
-
         self.model_path = model_path
         self.model_type = model_config.get("model_type", "")
         self.settings = settings
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        vocab = int(language_config(model_config)["vocab_size"])
+        self.tokenizer = load_tokenizer(model_path)
+        try:
+            vocab = int(language_config(model_config)["vocab_size"])
+        except KeyError as err:
+            raise missing_key(model_path, model_config, err) from None
         self.vocab_size = vocab
         valid = len(self.tokenizer) if len(self.tokenizer) < vocab else None
         self.collector = Collector()

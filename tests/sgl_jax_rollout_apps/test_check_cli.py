@@ -10,7 +10,7 @@ def test_page_size_attention_and_dtype_flags_reach_the_engine_settings(monkeypat
 
     seen = []
     monkeypatch.setattr(cli, "_engine_missing", lambda *args: False)
-    monkeypatch.setattr(check, "run", lambda config: seen.append(config) or [])
+    monkeypatch.setattr(check, "run", lambda config, progress=None: seen.append(config) or [])
     flags = ["--page-size", "64", "--native-attention", "upstream", "--dtype", "bfloat16"]
     assert cli.main(["check", "--model-path", "m", *flags]) == 0
     assert cli.main(["check", "--model-path", "m"]) == 0

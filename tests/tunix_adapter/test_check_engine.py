@@ -21,8 +21,12 @@ def test_check_passes_on_agreeing_weights_and_fails_rows_on_diverged_ones(tiny_d
     from tunix_adapter import check
 
     assert cli.main(["check", "--model-path", str(tiny_dir), "--max-tokens", "16"]) == 0
-    out = capsys.readouterr().out
-    assert "after update_params (perturbed weights)" in out and "FAIL" not in out
+    printed = capsys.readouterr()
+    assert "after update_params (perturbed weights)" in printed.out and "FAIL" not in printed.out
+    # each stage says itself as it starts, with the rows it sends (long work shows progress)
+    stages = [line for line in printed.err.splitlines() if line.startswith("check: ")]
+    assert len(stages) == 7, stages
+    assert "check: greedy tokens against the trainer's argmax (2 prompts of 1025/" in printed.err
 
     config = check.CheckConfig(model_path=str(tiny_dir), prompt_tokens=1024, max_tokens=16)
     trainer, rollout, _ = check._build(config)
