@@ -493,6 +493,7 @@ def _launch(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    import tpu_configs
     from sgl_jax_rollout.tiny_model.builder import (
         ARCHITECTURES,
         DEFAULT_VOCAB,
@@ -501,6 +502,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     from sgl_jax_rollout_apps.tasks import TASKS
 
+    presets = ", ".join(tpu_configs.names())
     parser = argparse.ArgumentParser(
         prog="sgl-jax-rollout",
         description="JAX rollout backend for tunix on the sgl-jax engine.",
@@ -523,7 +525,12 @@ def build_parser() -> argparse.ArgumentParser:
         "entropy and trainer/rollout logprob difference; writes metrics.jsonl and "
         "metrics.png to --out.",
     )
-    demo.add_argument("--algo", choices=["grpo", "egpo", "ppo"], default="grpo")
+    demo.add_argument(
+        "--algo",
+        choices=["grpo", "egpo", "ppo"],
+        default="grpo",
+        help="the learner: tunix's GRPO, EGPO (GRPO with entropy-weighted advantages) or PPO",
+    )
     demo.add_argument(
         "--rollout",
         choices=["sglang_jax", "vanilla", "both"],
@@ -565,7 +572,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--model-path", default=None, help="HF model dir (default: tiny model)")
     demo.add_argument("--out", default="demo_out", help="output directory (default: demo_out)")
-    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument(
+        "--seed", type=int, default=0, help="seeds the prompts, the sampling and the init"
+    )
     demo.add_argument(
         "--temperature", type=float, default=None, help="rollout temperature (default 1)"
     )
@@ -606,8 +615,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--preset",
         default=None,
-        help="slice preset from tpu_configs (cpu-debug, v5e-1, v5e-4, v5e-8, v5p-8, v6e-8, "
-        "v5p-64): meshes and engine settings; its device count must match this machine",
+        help=f"slice preset from tpu_configs ({presets}): meshes and engine settings; its "
+        "device count must match this machine",
     )
     demo.add_argument(
         "--lora-rank",
@@ -642,7 +651,7 @@ def build_parser() -> argparse.ArgumentParser:
         "weights released too. Exits 1 when it fits in none.",
     )
     pln.add_argument("--model-path", required=True, help="HF checkpoint (or config) directory")
-    pln.add_argument("--preset", required=True, help="slice preset from tpu_configs")
+    pln.add_argument("--preset", required=True, help=f"slice preset from tpu_configs ({presets})")
     pln.add_argument(
         "--batch",
         type=int,
@@ -672,7 +681,7 @@ def build_parser() -> argparse.ArgumentParser:
         "stop / EOS / pad alignment. Prints one table; exits 1 when any check fails.",
     )
     chk.add_argument("--model-path", required=True, help="HF checkpoint directory")
-    chk.add_argument("--preset", default=None, help="slice preset from tpu_configs")
+    chk.add_argument("--preset", default=None, help=f"slice preset from tpu_configs ({presets})")
     chk.add_argument("--lora-rank", type=int, default=0, help="check a LoRA actor of this rank")
     chk.add_argument(
         "--prompts",
@@ -725,10 +734,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     comp.add_argument("--against", choices=["vanilla", "vllm"], required=True)
     comp.add_argument("--model-path", default=None, help="HF checkpoint dir (default: tiny)")
-    comp.add_argument("--preset", default=None, help="slice preset from tpu_configs")
+    comp.add_argument("--preset", default=None, help=f"slice preset from tpu_configs ({presets})")
     comp.add_argument("--out", default="compare_out", help="directory for the report")
     comp.add_argument("--steps", type=int, default=5, help="GRPO steps per rollout (>= 1)")
-    comp.add_argument("--seed", type=int, default=0)
+    comp.add_argument("--seed", type=int, default=0, help="seeds the prompts and the sampling")
     _add_variant_flags(comp)
     comp.set_defaults(func=_compare)
 
@@ -755,7 +764,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="weights and torch_dtype (default: the --like checkpoint's, else float32)",
     )
-    tiny.add_argument("--seed", type=int, default=0)
+    tiny.add_argument("--seed", type=int, default=0, help="seeds the random weights")
     tiny.add_argument(
         "--vocab-size", type=int, default=DEFAULT_VOCAB, help="tokenizer and model vocabulary"
     )
@@ -889,7 +898,25 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--timeout", type=float, default=1800.0, help="seconds for the whole run")
     run.add_argument("launched", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
     run.set_defaults(func=_launch, subcommands=tuple(sub.choices))
+    for command in (parser, *sub.choices.values()):
+        command.formatter_class = _HelpWithDefaults
     return parser
+
+
+class _HelpWithDefaults(argparse.HelpFormatter):
+    """`--help` that shows every option's default: appended where the help does not say it
+    already, left out where there is none (None, a flag's False)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if (
+            not action.option_strings
+            or any(action.default is none for none in (None, False, argparse.SUPPRESS))
+            or "default" in text
+            or "%(default)" in text
+        ):
+            return text
+        return f"{text} (default: %(default)s)"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -55,6 +55,7 @@ def seed_bands(runs: dict[str, list[list[dict]]], path: Path, title: str) -> Non
         top.legend()
     middle.set_ylabel("rollout entropy mean")
     bottom.set_ylabel("|logp trainer - rollout| mean")
+    _whole_steps(bottom)
     bottom.set_xlabel("step")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -81,7 +82,15 @@ def task_curves(runs: dict[str, tuple[list[dict], list[dict]]], path: Path, titl
     reward.set_ylabel("reward mean")
     seconds.set_ylabel("wall time per step (s)")
     seconds.set_yscale("log")
+    _whole_steps(seconds)
     seconds.set_xlabel("step")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def _whole_steps(axis) -> None:
+    """Step ticks at whole steps only (a short run otherwise gets 0.5, 1.5, ...)."""
+    from matplotlib.ticker import MaxNLocator
+
+    axis.xaxis.set_major_locator(MaxNLocator(integer=True))

@@ -25,6 +25,7 @@ import sys
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED
 from pathlib import Path
@@ -55,6 +56,7 @@ SCHEDULER_THREAD_PREFIX = "sglang::scheduler"
 DETOKENIZER_THREAD_PREFIX = "sglang-jax::detokenizer"
 STOP_TIMEOUT_S = 30.0
 JUDGE_POLL_S = 0.01  # how often a call with `accept` judges the groups that finished
+TOKENIZER_WORKAROUND = "Created patched tokenizer config workaround"  # sgl-jax's warning
 
 
 @dataclasses.dataclass
@@ -181,6 +183,11 @@ class RolloutEngine:
         from sgl_jax_rollout.engine.weights import WeightSwapper
 
         engine_class = upstream.get("Engine")
+        # sgl-jax's tokenizer, scheduler and detokenizer each load the tokenizer through a
+        # patched copy of its config (for the installed transformers) and warn each time, with
+        # a new temporary path: noise a user cannot act on, said once at debug level instead.
+        warnings.filterwarnings("ignore", message=TOKENIZER_WORKAROUND, category=UserWarning)
+        logger.debug("sgl-jax loads the tokenizer through a patched config (its warning hidden)")
 
         # Built in two steps so that a failing __init__ still leaves the object to clean up.
         engine = engine_class.__new__(engine_class)
