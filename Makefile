@@ -8,8 +8,10 @@
 #
 # The engine (docs/design.md, "Dependencies"): sgl-jax at the commit pinned in
 # sgl_jax_rollout/engine/availability.py. WHEELHOUSE=DIR tries a wheel of that commit from DIR
-# first (pip --find-links: its own dependencies still come from the package index); then
-# SGL_JAX_SPEC (default: the upstream repository at the pinned commit, which needs github).
+# first (pip --find-links: its own dependencies still come from the package index; default:
+# ../shared/wheels when it holds wheels, as beside CI's checkout); then SGL_JAX_SPEC (default:
+# the upstream repository at the pinned commit, which needs github). On failure one line says
+# why (no network, no wheel of the pinned commit) and what fixes it.
 # REQUIRE_ENGINE=1 (CI) fails when the engine cannot be installed and turns any skipped
 # engine-marked test into a failure; without it the engine tests skip, with one line saying why.
 SHELL := /bin/bash
@@ -30,7 +32,7 @@ SGL_JAX_COMMIT := $(word 1,$(SGL_JAX_PIN))
 SGL_JAX_EXTRA ?= cpu
 SGL_JAX_SPEC ?= sglang-jax[$(SGL_JAX_EXTRA)] @ git+https://github.com/sgl-project/sglang-jax@$(SGL_JAX_COMMIT)\#subdirectory=python
 SGL_JAX_WHEEL ?= sglang-jax[$(SGL_JAX_EXTRA)]==$(word 2,$(SGL_JAX_PIN))
-WHEELHOUSE ?=
+WHEELHOUSE ?= $(if $(wildcard ../shared/wheels/*.whl),../shared/wheels,)
 REQUIRE_ENGINE ?=
 ENGINE_LOG := $(VENV)/engine-install.log
 DEMO_ARGS ?=
@@ -61,11 +63,20 @@ engine: $(STAMP)
 			echo "installing sgl-jax $(SGL_JAX_COMMIT) from the wheelhouse $(WHEELHOUSE)" >&2; \
 			$(PY) -m pip install --quiet --find-links "$(WHEELHOUSE)" "$(SGL_JAX_WHEEL)" >> $(ENGINE_LOG) 2>&1 \
 				&& $(PY) -c 'import sgl_jax' && exit 0; \
-			why="wheelhouse $(WHEELHOUSE): $$(grep -m1 '^ERROR' $(ENGINE_LOG) || echo 'installed but not importable'); "; \
+			if grep -q 'Could not find a version' $(ENGINE_LOG); then \
+				why="the wheelhouse $(WHEELHOUSE) holds no wheel of the pinned commit ($(word 2,$(SGL_JAX_PIN))); "; \
+			else \
+				why="wheelhouse $(WHEELHOUSE): $$(grep -m1 '^ERROR' $(ENGINE_LOG) || echo 'installed but not importable'); "; \
+			fi; \
 		fi; \
 		echo "installing sgl-jax from $(SGL_JAX_SPEC)" >&2; \
 		$(PY) -m pip install --quiet "$(SGL_JAX_SPEC)" >> $(ENGINE_LOG) 2>&1 && $(PY) -c 'import sgl_jax' && exit 0; \
-		why="$${why}$(SGL_JAX_SPEC): $$(grep '^ERROR' $(ENGINE_LOG) | tail -n1) (pip output in $(ENGINE_LOG))"; \
+		if grep -qiE 'could not resolve host|name resolution|failed to establish a new connection|network is unreachable|failed to connect' $(ENGINE_LOG); then \
+			cause="no network: the upstream repository could not be reached"; \
+		else \
+			cause="$$(grep '^ERROR' $(ENGINE_LOG) | tail -n1)"; \
+		fi; \
+		why="$${why}$$cause (pip output: $(ENGINE_LOG)). Fix: WHEELHOUSE=DIR, a directory with the wheel of sglang-jax $(word 2,$(SGL_JAX_PIN)) (README: Installing the sgl-jax engine)"; \
 	fi; \
 	if [ -n "$(REQUIRE_ENGINE)" ]; then \
 		echo "make: the sgl-jax engine is required (REQUIRE_ENGINE) but could not be installed: $$why" >&2; exit 2; \
