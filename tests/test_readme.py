@@ -1,6 +1,6 @@
 """The README's examples run as written: each block marked `<!-- readme-example: NAME -->`
-runs, unchanged, in a fresh interpreter (the rollout example starts an engine of its own, so it
-is engine-marked and takes about a minute on CPU)."""
+runs, unchanged, in a fresh interpreter (the rollout and training examples start an engine of
+their own, so they are engine-marked and take about a minute each on CPU)."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def _run(source: str, tmp_path: Path) -> None:
 
 
 def test_the_marked_examples_are_there():
-    assert set(readme_examples()) == {"sampler", "rollout"}
+    assert set(readme_examples()) == {"sampler", "rollout", "training"}
 
 
 def test_sampler_example(tmp_path):
@@ -45,3 +45,8 @@ def test_sampler_example(tmp_path):
 @pytest.mark.engine
 def test_rollout_example(tmp_path):
     _run(readme_examples()["rollout"], tmp_path)
+
+
+@pytest.mark.engine
+def test_training_example(tmp_path):
+    _run(readme_examples()["training"], tmp_path)
