@@ -17,7 +17,8 @@ and the rollout's default options:
   from the decoded text; `stop_rule`, the same stops (and the stop strings) as a partial
   rollout checks them again over a continued sample (`partial.StopRule`);
 - `sample` / `sample_session`: the engine requests those rules give, for `generate` and for a
-  managed session.
+  managed session; a completion that sampled the pad id ends before it (`cut_at_pad`: tunix
+  reads a pad as padding, and a session's next prompt must not hold it).
 
 The pure rules it composes live in `rollout_inputs`; `SglangJaxRollout` only translates.
 """
@@ -184,7 +185,8 @@ class RequestPolicy:
             keep_partial=keep_partial,
             accept=accept,
         )
-        return completions, hold_back
+        pad = self._tokenizer.pad_id()
+        return [c and inputs.cut_at_pad(c, pad) for c in completions], hold_back
 
     def sample_session(
         self, rollout_config: Any, prompt_ids: list[int], n: int, overrides: Mapping[str, Any]

@@ -4,15 +4,17 @@ Owns the host-side rules of `SglangJaxRollout`, kept apart so they are tested wi
 engine: `RolloutConfig` + per-call overrides -> `SamplingOptions`; per-sample seeds (`n`
 samples of a prompt are adjacent; an int seed gives every row its own stream, a list gives
 one seed per prompt, a JAX PRNG key one stream); `eos_tokens` checked against the
-vocabulary; prompt left truncation and left padding; completion lengths inside
-padded arrays (docs/design.md section 4); `generation_config.json` -> default options (only
-when the user opts in); the sampler modes a rollout's calls will use (compiled at start).
+vocabulary; prompt left truncation and left padding; completion lengths inside padded arrays
+(docs/design.md section 4); a completion ended at a sampled pad id (`cut_at_pad`);
+`generation_config.json` -> default options (only when the user opts in); the sampler modes
+a rollout's calls will use (compiled at start).
 
 Imports neither sgl_jax nor tunix (a `RolloutConfig` is read by attribute).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Mapping, Sequence
@@ -180,6 +182,32 @@ def completion_rows(
             end = row.index(pad_id)
         rows.append(row[:end])
     return rows
+
+
+def cut_at_pad(completion: Any, pad_id: int | None) -> Any:
+    """`completion` (an engine `Completion`) ended before the first pad id it holds, as a stop:
+    tunix reads every pad as padding, so a sampled pad is where the sample ends for the
+    trainer; the pad and anything after it (sampled with `ignore_eos`) leave its tokens, values
+    and routing, and `finish_reason` says it stopped there. Unchanged without a pad."""
+    hits = np.flatnonzero(np.asarray(completion.tokens, np.int64) == pad_id)
+    if pad_id is None or not hits.size:
+        return completion
+    k, n = int(hits[0]), len(completion.tokens)
+
+    def cut(values: Any) -> Any:
+        return None if values is None else values[:k]
+
+    routed = completion.routed_experts  # one row per input position: prompt + tokens - 1
+    return dataclasses.replace(
+        completion,
+        tokens=list(completion.tokens[:k]),
+        logprobs=cut(completion.logprobs),
+        entropy=cut(completion.entropy),
+        top_logprob_ids=cut(completion.top_logprob_ids),
+        top_logprobs=cut(completion.top_logprobs),
+        routed_experts=None if routed is None else routed[: len(routed) - (n - k)],
+        finish_reason={"type": "stop", "matched": int(pad_id)},
+    )
 
 
 def sample_limits(limits: Sequence[int] | None, samples: int, max_new: int) -> list[int] | None:

@@ -1,6 +1,6 @@
 """The README's examples run as written: each block marked `<!-- readme-example: NAME -->`
-runs, unchanged, in a fresh interpreter (the rollout and training examples start an engine of
-their own, so they are engine-marked and take about a minute each on CPU)."""
+runs, unchanged, in a fresh interpreter (the rollout, training and session examples start an
+engine of their own, so they are engine-marked and take up to a minute each on CPU)."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def _run(source: str, tmp_path: Path) -> None:
 
 
 def test_the_marked_examples_are_there():
-    assert set(readme_examples()) == {"sampler", "rollout", "training"}
+    assert set(readme_examples()) == {"sampler", "rollout", "training", "session"}
 
 
 def test_sampler_example(tmp_path):
@@ -50,3 +50,11 @@ def test_rollout_example(tmp_path):
 @pytest.mark.engine
 def test_training_example(tmp_path):
     _run(readme_examples()["training"], tmp_path)
+
+
+@pytest.mark.engine
+def test_session_example(tmp_path):
+    """The session block on the built-in model, whose random weights can end a turn with the
+    pad id: the turn ends before it (`rollout_inputs.cut_at_pad`), so the next prompt holds
+    no pad and `chat_extend` goes on."""
+    _run(readme_examples()["session"], tmp_path)

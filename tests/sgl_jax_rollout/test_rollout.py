@@ -476,3 +476,19 @@ def test_shutdown_stops_the_engine_and_spares_unrelated_children(rollout):
         assert not [n for n in names if n.startswith(("sglang::scheduler", "sglang-jax::detok"))]
     finally:
         child.kill()
+
+
+def test_a_sampled_pad_ends_the_sample_so_the_trainer_scores_every_token(rollout, trainer):
+    """With EOS ignored the random tiny model samples its pad id (id 0) mid-completion (this
+    seed: in 3 of 16 rows). tunix reads every pad as padding, so tokens after one would be
+    scored at shifted positions; the sample ends before the pad instead, as at a stop, and the
+    trainer's logprob matches the rollout's on every returned token."""
+    prompts = [f"pad probe {i}: the quick" for i in range(16)]
+    out = rollout.generate(prompts, config(max_tokens_to_generate=64, seed=2), ignore_eos=True)
+    pad = rollout.pad_id()
+    assert sum(len(t) < 64 for t in out.tokens) >= 2  # pads were sampled, and ended rows
+    assert not any(pad in t.tolist() for t in out.tokens)
+    reference = np.asarray(trainer_logps(trainer, rollout, *padded(out, rollout, 64))[0])
+    for i, (tokens, logprobs) in enumerate(zip(out.tokens, out.logprobs, strict=True)):
+        assert len(tokens) == len(logprobs)
+        np.testing.assert_allclose(logprobs, reference[i, : len(tokens)], atol=1e-4)
