@@ -17,8 +17,9 @@ and the rollout's default options:
   from the decoded text; `stop_rule`, the same stops (and the stop strings) as a partial
   rollout checks them again over a continued sample (`partial.StopRule`);
 - `sample` / `sample_session`: the engine requests those rules give, for `generate` and for a
-  managed session; a completion that sampled the pad id ends before it (`cut_at_pad`: tunix
-  reads a pad as padding, and a session's next prompt must not hold it).
+  managed session; a completion that sampled the pad id ends at it, as at a stop (`cut_at_pad`:
+  tunix reads a pad as padding); a session's turn ends before it (its next prompt must not
+  hold it).
 
 The pure rules it composes live in `rollout_inputs`; `SglangJaxRollout` only translates.
 """
@@ -199,6 +200,9 @@ class RequestPolicy:
         seeds = self.seeds(rollout_config.seed, 1, n)
         options = options.replace(return_logprobs=True, return_entropy=True)
         completions, _ = self.sample([prompt_ids] * n, seeds, options, rollout_config)
+        # a turn that sampled the pad ends before it: the next turn's prompt must not hold it
+        pad = self._tokenizer.pad_id()
+        completions = [inputs.cut_at_pad(c, pad, keep=False) for c in completions]
         return [
             Sampled(c.tokens, c.logprobs, c.entropy, str(c.finish_reason), _sequence_routing(c))
             for c in completions

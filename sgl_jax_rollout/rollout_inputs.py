@@ -184,15 +184,17 @@ def completion_rows(
     return rows
 
 
-def cut_at_pad(completion: Any, pad_id: int | None) -> Any:
-    """`completion` (an engine `Completion`) ended before the first pad id it holds, as a stop:
-    tunix reads every pad as padding, so a sampled pad is where the sample ends for the
-    trainer; the pad and anything after it (sampled with `ignore_eos`) leave its tokens, values
-    and routing, and `finish_reason` says it stopped there. Unchanged without a pad."""
+def cut_at_pad(completion: Any, pad_id: int | None, keep: bool = True) -> Any:
+    """`completion` (an engine `Completion`) ended at the first pad id it holds, as at a stop:
+    tunix reads every pad as padding, so a token after one would be scored at a shifted
+    position. What follows the pad (sampled with `ignore_eos`) leaves its tokens, values and
+    routing rows; the pad stays as the last token, as a stop token does (`keep`), or goes too
+    (a session turn: the next prompt must not hold it). `finish_reason` says it stopped
+    there. Unchanged without a pad."""
     hits = np.flatnonzero(np.asarray(completion.tokens, np.int64) == pad_id)
     if pad_id is None or not hits.size:
         return completion
-    k, n = int(hits[0]), len(completion.tokens)
+    k, n = int(hits[0]) + int(keep), len(completion.tokens)
 
     def cut(values: Any) -> Any:
         return None if values is None else values[:k]

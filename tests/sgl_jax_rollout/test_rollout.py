@@ -254,12 +254,15 @@ def test_long_multibyte_completion_is_aligned_past_the_stream_chunk(rollout):
     rc = config(max_tokens_to_generate=120, max_prompt_length=32, seed=3)
     out = rollout.generate(["ü✓ naïve"] * 2, rc, ignore_eos=True)
     for t, lp, ent in zip(out.tokens, out.logprobs, out.entropy, strict=True):
-        assert len(t) == len(lp) == len(ent) == 120
+        # all 120, or ended at a sampled pad id (as at a stop: `cut_at_pad`)
+        assert len(t) == len(lp) == len(ent) and (len(t) == 120 or t[-1] == rollout.pad_id())
+    assert max(len(t) for t in out.tokens) == 120
     # The engine's scoring, not get_per_token_logps: with ignore_eos a completion may hold an
-    # EOS or pad id, where tunix's padded layout (and so get_per_token_logps) cuts it.
+    # EOS id, and ends with a sampled pad, where tunix's padded layout cuts it.
     prompt = rollout._policy.prompt_ids("ü✓ naïve", 32, 0)
     rescored = rollout.engine.score([prompt] * 2, [t.tolist() for t in out.tokens])
-    np.testing.assert_allclose(np.stack(rescored), np.stack(out.logprobs), atol=1e-4)
+    for again, logprobs in zip(rescored, out.logprobs, strict=True):
+        np.testing.assert_allclose(again, logprobs, atol=1e-4)
 
 
 def test_stop_token_is_kept_with_one_value_per_token(rollout):
@@ -481,14 +484,16 @@ def test_shutdown_stops_the_engine_and_spares_unrelated_children(rollout):
 def test_a_sampled_pad_ends_the_sample_so_the_trainer_scores_every_token(rollout, trainer):
     """With EOS ignored the random tiny model samples its pad id (id 0) mid-completion (this
     seed: in 3 of 16 rows). tunix reads every pad as padding, so tokens after one would be
-    scored at shifted positions; the sample ends before the pad instead, as at a stop, and the
-    trainer's logprob matches the rollout's on every returned token."""
+    scored at shifted positions; the sample ends at the pad instead, as at a stop (the pad its
+    last token, which tunix masks), and the trainer's logprob matches the rollout's on every
+    other returned token."""
     prompts = [f"pad probe {i}: the quick" for i in range(16)]
     out = rollout.generate(prompts, config(max_tokens_to_generate=64, seed=2), ignore_eos=True)
     pad = rollout.pad_id()
     assert sum(len(t) < 64 for t in out.tokens) >= 2  # pads were sampled, and ended rows
-    assert not any(pad in t.tolist() for t in out.tokens)
+    assert not any(pad in t.tolist()[:-1] for t in out.tokens)
     reference = np.asarray(trainer_logps(trainer, rollout, *padded(out, rollout, 64))[0])
     for i, (tokens, logprobs) in enumerate(zip(out.tokens, out.logprobs, strict=True)):
-        assert len(tokens) == len(logprobs)
-        np.testing.assert_allclose(logprobs, reference[i, : len(tokens)], atol=1e-4)
+        k = comparable(tokens, pad)
+        assert len(tokens) == len(logprobs) and k >= len(tokens) - 1
+        np.testing.assert_allclose(logprobs[:k], reference[i, :k], atol=1e-4)

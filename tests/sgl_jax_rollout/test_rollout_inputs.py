@@ -207,9 +207,10 @@ def test_sampler_modes_of_the_defaults_cover_both_logprob_choices_and_their_pena
             assert sampler_config([spec], None) in configs
 
 
-def test_a_sampled_pad_ends_the_completion_before_it_as_a_stop():
-    """`cut_at_pad` on the engine's `Completion` (its own dataclass, built here): the pad and
-    what follows leave every per-token field and the routing rows of their inputs."""
+def test_a_sampled_pad_ends_the_completion_as_a_stop():
+    """`cut_at_pad` on the engine's `Completion` (its own dataclass, built here): what follows
+    the pad (and for a session turn the pad too) leaves every per-token field and the routing
+    rows of its inputs."""
     from sgl_jax_rollout.engine.collector import Completion
 
     routed = np.arange(4 + 5 - 1)[:, None]  # prompt 4, tokens 5: one row per input position
@@ -223,9 +224,12 @@ def test_a_sampled_pad_ends_the_completion_before_it_as_a_stop():
         finish_reason={"type": "length", "length": 5},
         routed_experts=routed,
     )
-    cut = inputs.cut_at_pad(done, 0)
-    assert cut.tokens == [7, 8] and cut.logprobs == [-0.1, -0.2] and cut.entropy == [1.0, 2.0]
-    assert cut.finish_reason == {"type": "stop", "matched": 0}
-    np.testing.assert_array_equal(cut.routed_experts, routed[: 4 + 2 - 1])
+    cut = inputs.cut_at_pad(done, 0)  # the pad stays, as a stop token does
+    assert cut.tokens == [7, 8, 0] and cut.logprobs == [-0.1, -0.2, -0.3]
+    assert cut.entropy == [1.0, 2.0, 3.0] and cut.finish_reason == {"type": "stop", "matched": 0}
+    np.testing.assert_array_equal(cut.routed_experts, routed[: 4 + 3 - 1])
+    turn = inputs.cut_at_pad(done, 0, keep=False)  # a session turn: the pad goes too
+    assert turn.tokens == [7, 8] and turn.logprobs == [-0.1, -0.2] and turn.entropy == [1.0, 2.0]
+    np.testing.assert_array_equal(turn.routed_experts, routed[: 4 + 2 - 1])
     assert inputs.cut_at_pad(done, 5) is done and inputs.cut_at_pad(done, None) is done
-    assert inputs.cut_at_pad(done, 7).tokens == []
+    assert inputs.cut_at_pad(done, 7, keep=False).tokens == []

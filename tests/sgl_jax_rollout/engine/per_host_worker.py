@@ -40,7 +40,8 @@ def main() -> None:
             "tokens": [[int(t) for t in row] for row in out.tokens],
             "logprobs": [[float(v) for v in row] for row in out.logprobs],
         }
-        print("RESULT " + json.dumps(result), flush=True)
+        # on a line of its own: the engine's progress bars end their lines with "\r" only
+        print("\nRESULT " + json.dumps(result), flush=True)
     finally:
         rollout.shutdown()
 
