@@ -20,9 +20,9 @@ Owns `choose_pad_id` and `PadSafeTokenizer`. The pad id is, in this order:
 5. else ValueError: pass `pad_id=`.
 
 In cases 2 and 4 a text can still spell the token; `SglangJaxRollout.generate` then refuses
-that prompt by name, and `check` has a row for it. A completion never holds the pad: it is a
-stop id of every request (`RequestPolicy.stop_rules`), and a sampled one (with `ignore_eos`
-too) ends the completion before it (`rollout_inputs.cut_at_pad`).
+that prompt by name, and `check` has a row for it. A completion never holds the pad before its
+end: it is a stop id of every request (`RequestPolicy.stop_rules`), and a sampled one (with
+`ignore_eos` too) ends the completion there (`rollout_inputs.cut_at_pad`).
 
 `PadSafeTokenizer` is tunix's `TokenizerAdapter` with that pad id: give it to tunix's cluster
 (and so to `VanillaRollout`, whose sampler reads the tokenizer's pad) as `build_cluster` does.
