@@ -293,7 +293,8 @@ class RolloutEngine:
         self.prefill_counts.add(outputs, sum(map(len, input_ids)))
         keep = [True] * rows
         if accept is not None:
-            keep = [g in set(accepted) for g in groups]
+            passed = set(accepted)
+            keep = [g in passed for g in groups]
         elif early is not None:
             kept = set(early.result())
             keep = [g in kept for g in groups]
@@ -555,8 +556,7 @@ class RolloutEngine:
         released = self._released
         self._when_idle(lambda scheduler: memory.resume(released))
         if released.weights is not None:
-            zeros = self._when_idle(lambda scheduler: memory.zero_weights(released))
-            self._when_idle(lambda scheduler: self._weights.swap(zeros))
+            self._swap_in_zeros(released)
             self._weights_pending = True
         self._resumed()
 
@@ -567,15 +567,18 @@ class RolloutEngine:
         three at once."""
         released = self._released
         if released.weights is not None:  # the mapping reads the leaves it replaces
-            zeros = self._when_idle(lambda scheduler: memory.zero_weights(released))
-            self._when_idle(lambda scheduler: self._weights.swap(zeros))
-            del zeros
+            self._swap_in_zeros(released)
         leaves = self._weights.prepare(params, lora)
         self._when_idle(lambda scheduler: self._weights.swap(leaves))
         del leaves
         self._when_idle(lambda scheduler: memory.resume(released))
         self._weights_pending = False
         self._resumed()
+
+    def _swap_in_zeros(self, released: memory.Released) -> None:
+        """Zero stand-ins in the places of the released weights (same shapes and shardings)."""
+        zeros = self._when_idle(lambda scheduler: memory.zero_weights(released))
+        self._when_idle(lambda scheduler: self._weights.swap(zeros))
 
     def _resumed(self) -> None:
         self._released = None
