@@ -291,7 +291,7 @@ class SglangJaxRollout(BaseRollout):
         for member in (m for g in groups for m in g.members):
             member.done = member.done or len(member.tokens) >= member.budget(limit)
         stop_rule = self._policy.stop_rule(options, rollout_config)
-        held = set(self._policy.stop_rules(options, rollout_config)[1])
+        held = set(stop_rule.ids)  # the held-back stop ids (none with ignore_eos)
         # with `accept`: the groups judged, in the order they were; the others complete are
         # judged at a later call
         accepted: list[Group] = []
