@@ -179,9 +179,8 @@ class RolloutCluster(RLCluster):
         """The actor with tunix's anchor parameters (the weights the rollout sampled with,
         stored by `sync_weights` or `snapshot_policy`) on the devices, and its other state as
         it is now (a routing-replay slot added since the anchor was stored, for one)."""
-        anchor = put_params_on_memory_kind(self._anchor_policy_state, "device")
         graphdef, _, rest = nnx.split(self.actor_trainer.model, nnx.Param, ...)
-        return nnx.merge(graphdef, anchor.filter(nnx.Param), rest)
+        return nnx.merge(graphdef, self._synced_params(), rest)
 
     def get_actor_per_token_logps(self, prompt_tokens, completion_tokens, *args, **kwargs):
         answer = getattr(self._batch, "actor_logps", None)
