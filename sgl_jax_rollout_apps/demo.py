@@ -22,6 +22,7 @@ import dataclasses
 import itertools
 import json
 import logging
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -339,7 +340,10 @@ def build(config: DemoConfig):
     if config.task is not None and model_path is None:
         from sgl_jax_rollout_apps.real_model import real_model_dir
 
-        model_path = str(real_model_dir())
+        def progress(line: str) -> None:
+            print(f"building SmolLM2-135M-Instruct: {line}", file=sys.stderr, flush=True)
+
+        model_path = str(real_model_dir(progress=progress if config.show_progress else None))
     rollout_config = RolloutConfig(
         max_tokens_to_generate=config.max_tokens,
         max_prompt_length=TASK_PROMPT_TOKENS if config.task else 16,

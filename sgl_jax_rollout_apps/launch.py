@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -38,6 +39,8 @@ DISTRIBUTED = "SGL_JAX_ROLLOUT_DISTRIBUTED"
 TIMED_OUT = 124
 # Seconds a process gets to end after SIGTERM before it is killed.
 GRACE_S = 5.0
+# Seconds between two relayed redraws of a process's progress bar.
+BAR_EVERY_S = 10.0
 
 
 def initialize_from_env() -> bool:
@@ -148,8 +151,23 @@ def _signal_group(child: subprocess.Popen, sig: int) -> None:
 
 
 def _relay(child: subprocess.Popen, rank: int) -> None:
-    for line in iter(child.stdout.readline, b""):
-        sys.stdout.write(f"[p{rank}] {line.decode(errors='replace')}")
+    """A process's output, line by line with its `[p<i>]` prefix. A progress bar's redraws
+    (text ended by a carriage return) come out as lines too, at most one per `BAR_EVERY_S`
+    a process, so they neither flood the output nor share a line with what follows them;
+    blank redraws (a bar clearing itself) are dropped."""
+    pending, last_bar = b"", -BAR_EVERY_S
+    for chunk in iter(lambda: child.stdout.read1(1 << 16), b""):
+        *pieces, pending = re.split(rb"(?<=[\r\n])", pending + chunk)
+        for piece in pieces:
+            text = piece[:-1].decode(errors="replace").rstrip()
+            bar = piece.endswith(b"\r")
+            if not text or (bar and time.monotonic() - last_bar < BAR_EVERY_S):
+                continue
+            last_bar = time.monotonic() if bar else last_bar
+            sys.stdout.write(f"[p{rank}] {text}\n")
+        sys.stdout.flush()
+    if pending.strip():
+        sys.stdout.write(f"[p{rank}] {pending.decode(errors='replace').rstrip()}\n")
         sys.stdout.flush()
 
 

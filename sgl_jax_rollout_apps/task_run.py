@@ -107,6 +107,7 @@ class TaskRun:
             self._eval_answers,
             self.rollout_config,
             self.config.prompts_per_step * self.config.num_generations,
+            show_progress=self.config.show_progress,
         )
         seconds = time.perf_counter() - start
         self._eval_seconds_since_last += seconds

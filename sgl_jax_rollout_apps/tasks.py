@@ -22,6 +22,7 @@ import dataclasses
 import itertools
 import math
 import re
+import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -111,19 +112,36 @@ def task(name: str) -> Task:
 
 
 def evaluate(
-    rollout: Any, prompts: list[str], answers: list[str], config: Any, rows_per_call: int
+    rollout: Any,
+    prompts: list[str],
+    answers: list[str],
+    config: Any,
+    rows_per_call: int,
+    show_progress: bool = False,
 ) -> float:
     """Greedy accuracy of `rollout` on the held-out prompts (`config`: a `RolloutConfig` for
     lengths), `rows_per_call` prompts per call: the training batch's rows, so neither rollout
     meets a new shape (and the engine prefills each call at once instead of admitting a few
     requests at a time into a running batch). Greedy for both rollouts: temperature 0 for ours
     (a per-call option), no top-p and no top-k for tunix's vanilla sampler (which takes no
-    per-call options)."""
+    per-call options). `show_progress`: a bar of problems on stderr, gone when done."""
+    from tqdm import tqdm
+
     greedy = dataclasses.replace(config, top_p=None, top_k=None)
     texts: list[str] = []
-    for start in range(0, len(prompts), rows_per_call):
-        chunk = prompts[start : start + rows_per_call]
-        texts += rollout.generate(chunk, greedy, temperature=0.0).text
+    bar = tqdm(
+        total=len(prompts),
+        desc="held-out eval",
+        unit="problem",
+        file=sys.stderr,
+        leave=False,
+        disable=not show_progress,
+    )
+    with bar:
+        for start in range(0, len(prompts), rows_per_call):
+            chunk = prompts[start : start + rows_per_call]
+            texts += rollout.generate(chunk, greedy, temperature=0.0).text
+            bar.update(len(chunk))
     return float(np.mean([is_correct(t, a) for t, a in zip(texts, answers, strict=True)]))
 
 

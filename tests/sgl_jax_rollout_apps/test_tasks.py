@@ -67,3 +67,30 @@ def test_chat_prompts_use_the_system_message_and_the_template():
     assert prompt.endswith(
         f"<|im_start|>user\n{problem.question}<|im_end|>\n<|im_start|>assistant\n"
     )
+
+
+def test_evaluate_is_greedy_in_the_training_batchs_rows_and_shows_its_progress(capsys):
+    """A test double for the rollout (this is about `evaluate`'s own loop): it records each
+    call's rows and options and answers each prompt with its own index."""
+    from types import SimpleNamespace
+
+    from sgl_jax_rollout.tunix_compat import RolloutConfig
+    from sgl_jax_rollout_apps.tasks import evaluate
+
+    calls = []
+
+    def generate(prompts, config, **options):
+        calls.append((len(prompts), config.top_p, config.top_k, options))
+        return SimpleNamespace(text=[f"= {p}" for p in prompts])
+
+    prompts = [str(i) for i in range(10)]
+    answers = [str(i) if i % 4 else "x" for i in range(10)]  # 7 of 10 right
+    config = RolloutConfig(max_tokens_to_generate=4, top_p=0.9, top_k=5)
+    rollout = SimpleNamespace(generate=generate)
+    assert evaluate(rollout, prompts, answers, config, 4, show_progress=True) == 0.7
+    greedy = {"temperature": 0.0}
+    assert calls == [(4, None, None, greedy)] * 2 + [(2, None, None, greedy)]
+    shown = capsys.readouterr().err
+    assert "held-out eval:" in shown and "/10 [" in shown, shown
+    evaluate(rollout, prompts, answers, config, 4)
+    assert capsys.readouterr().err == ""
