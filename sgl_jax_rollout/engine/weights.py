@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import gc
 import re
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -108,96 +109,17 @@ class WeightSwapper:
     def _from_tunix(
         self, src_def: Any, src_leaves: list, params: Any, lora: tuple | None = None
     ) -> list[jax.Array]:
-        if self._model_type in GEMMA_TYPES:
-            return self._from_tunix_gemma(src_def, src_leaves, lora)
-        family = TUNIX_FAMILIES.get(self._model_type)
-        if family is None:
-            raise ValueError(
-                f"update_params: the parameters are not in the engine's layout and there is no "
-                f"tunix mapping for model_type {self._model_type!r} (supported tunix families: "
-                f"{sorted(TUNIX_FAMILIES)}); first difference: "
-                f"{_structure_difference(params, self.engine_state())}"
-            )
-        from sgl_jax_rollout import tunix_compat as tunix
-
+        """tunix's state (with `lora`, the `(treedef, leaves)` of its factors too) in the
+        engine's layout, by one program jitted at the first update: the family's `transfer`,
+        fused, its outputs on the engine's shardings (one copy of the weights per update).
+        Flat leaf lists keep the dispatch cheap; the static tree structures need no
+        host-to-device transfer, which tunix's CPU transfer guard forbids."""
         if self._mapper is None:
-            table = tunix.model_module(family, "mapping_sglang_jax").SGLANG_JAX_MAPPING
-            if self._model_type == "qwen3_moe":  # tunix's table lacks the experts
-                table = qwen3_moe_mapping(table)
-            config = tunix.MappingConfig.build(mapping_obj=table)
-            model_config = self._runner.model_config
-            num_kv_heads = model_config.get_total_num_kv_heads()
-            head_dim = model_config.head_dim
-            base_mappings = _served_by_base_layers(
-                config.to_hf_mappings, [n for n, _ in _dotted(self.engine_state())]
-            )
-            if self._lora is not None and not config.lora_to_hf_mappings:
-                raise ValueError(
-                    f"update_params: tunix ships no sgl-jax LoRA mapping for {family}; its "
-                    "adapters cannot reach the engine"
-                )
-            layout = self._lora
-
-            treedef = self._treedef
-            engine_names = _leaf_names(self.engine_state())
-
-            def mapped(src_state, dst_state, mappings, transposes):
-                # tunix's own source -> target table, as its transfer builds it.
-                table_keys = tunix.build_flat_dict(dst_state.flat_state(), mappings)
-                unmapped = [
-                    key
-                    for key, _ in _dotted(src_state)
-                    if "rng" not in key and key not in table_keys
-                ]
-                if unmapped:
-                    raise WeightSyncError(
-                        f"update_params: {len(unmapped)} parameter(s) of the new state have no "
-                        f"mapping onto the engine's {family} model: {_listed(unmapped)}"
-                        + _lora_hint(unmapped)
-                    )
-                return tunix.transfer_state_with_mappings(
-                    src_state=src_state,
-                    dst_state=dst_state,
-                    key_mappings=mappings,
-                    key_mapping_hook_fns=config.to_hf_hook_fns,
-                    transpose_keys=transposes,
-                    rollout_engine="sglang_jax",
-                    num_kv_heads=num_kv_heads,
-                    head_dim=head_dim,
-                )
-
-            def transfer(src_def, lora_def, src_leaves: list, lora_leaves: list, dst_leaves: list):
-                src_state = jax.tree_util.tree_unflatten(src_def, src_leaves)
-                out = jax.tree_util.tree_unflatten(treedef, dst_leaves)
-                out = mapped(src_state, out, base_mappings, config.to_hf_transpose_keys)
-                if lora_def is not None:
-                    adapters = jax.tree_util.tree_unflatten(lora_def, lora_leaves)
-                    try:
-                        adapters = engine_factors(adapters, layout)
-                    except ValueError as err:
-                        raise WeightSyncError(str(err)) from None
-                    # Already in the buffers' layout (`engine_factors`): no transposes.
-                    out = mapped(adapters, out, config.lora_to_hf_mappings, {})
-                out_leaves = jax.tree_util.tree_leaves(out)
-                # A target tunix did not write comes back as its own input tracer.
-                unwritten = [
-                    engine_names[i]
-                    for i, (new, old) in enumerate(zip(out_leaves, dst_leaves, strict=True))
-                    if new is old and (lora_def is not None or not _is_lora_buffer(engine_names[i]))
-                ]
-                if unwritten:
-                    raise WeightSyncError(
-                        f"update_params: the new state does not cover {len(unwritten)} engine "
-                        f"parameter(s), which would keep their old values: {_listed(unwritten)}"
-                    )
-                return out_leaves
-
-            # tunix's transposes, reshapes and casts, fused into one program whose outputs
-            # land on the engine's shardings: one copy of the weights per update. Flat leaf
-            # lists in and out keep the per-call dispatch cheap.
+            if self._model_type in GEMMA_TYPES:
+                transfer = self._gemma_transfer()
+            else:
+                transfer = self._tunix_transfer(params)
             shardings = [x.sharding for x in self._runner.model_state_leaves]
-            # The tree structures are static: no host-to-device transfer, which tunix's CPU
-            # transfer guard forbids.
             self._mapper = jax.jit(transfer, static_argnums=(0, 1), out_shardings=shardings)
         # tunix calls gc.collect() while tracing: a full collection over everything jax and
         # sgl-jax allocated (~270 ms). Frozen objects are skipped; unfreeze right after.
@@ -218,66 +140,123 @@ class WeightSwapper:
         finally:
             gc.unfreeze()
 
-    def _from_tunix_gemma(self, src_def: Any, src_leaves: list, lora: tuple | None) -> list:
-        """tunix's Gemma state through `engine.gemma_mapping` (tunix ships no sgl-jax mapping
-        for Gemma), with the same integrity checks: every tunix parameter known, every engine
-        parameter written. With `lora`, the base goes to the adapted layers' `base_layer`
-        weights and the factors to the static LoRA buffers (`engine_lora_buffers`)."""
-        if self._mapper is None:
-            engine_names = _dotted_leaf_names(self.engine_state())
-            served = set(engine_names)
-            layout = self._lora
+    def _tunix_transfer(self, params: Any) -> Callable:
+        """The mapping program's body for a family tunix ships `mapping_sglang_jax` for: its
+        tables and `transfer_state_with_mappings`, every source key and engine target checked."""
+        family = TUNIX_FAMILIES.get(self._model_type)
+        if family is None:
+            raise ValueError(
+                f"update_params: the parameters are not in the engine's layout and there is no "
+                f"tunix mapping for model_type {self._model_type!r} (supported tunix families: "
+                f"{sorted(TUNIX_FAMILIES)}); first difference: "
+                f"{_structure_difference(params, self.engine_state())}"
+            )
+        from sgl_jax_rollout import tunix_compat as tunix
 
-            def transfer(src_def, lora_def, src_leaves: list, lora_leaves: list, dst_leaves):
-                src = jax.tree_util.tree_unflatten(src_def, src_leaves)
-                mapped = {
-                    _wrapped_name(name, served): value
-                    for name, value in engine_params(
-                        dict(zip(_dotted_leaf_names(src), src_leaves, strict=True))
-                    ).items()
-                }
-                if lora_def is not None:
-                    try:
-                        adapters = engine_factors(
-                            jax.tree_util.tree_unflatten(lora_def, lora_leaves), layout
-                        )
-                    except ValueError as err:
-                        raise WeightSyncError(str(err)) from None
+        table = tunix.model_module(family, "mapping_sglang_jax").SGLANG_JAX_MAPPING
+        if self._model_type == "qwen3_moe":  # tunix's table lacks the experts
+            table = qwen3_moe_mapping(table)
+        config = tunix.MappingConfig.build(mapping_obj=table)
+        num_kv_heads = self._runner.model_config.get_total_num_kv_heads()
+        head_dim = self._runner.model_config.head_dim
+        served = _served_name([n for n, _ in _dotted(self.engine_state())])
+        base_mappings = {
+            source: (served(target), sharding)
+            for source, (target, sharding) in config.to_hf_mappings.items()
+        }
+        if self._lora is not None and not config.lora_to_hf_mappings:
+            raise ValueError(
+                f"update_params: tunix ships no sgl-jax LoRA mapping for {family}; its "
+                "adapters cannot reach the engine"
+            )
+        layout = self._lora
+        treedef = self._treedef
+        engine_names = _leaf_names(self.engine_state())
+
+        def mapped(src_state, dst_state, mappings, transposes):
+            # tunix's own source -> target table, as its transfer builds it.
+            table_keys = tunix.build_flat_dict(dst_state.flat_state(), mappings)
+            unmapped = [
+                key for key, _ in _dotted(src_state) if "rng" not in key and key not in table_keys
+            ]
+            if unmapped:
+                raise WeightSyncError(
+                    f"update_params: {len(unmapped)} parameter(s) of the new state have no "
+                    f"mapping onto the engine's {family} model: {_listed(unmapped)}"
+                    + _lora_hint(unmapped)
+                )
+            return tunix.transfer_state_with_mappings(
+                src_state=src_state,
+                dst_state=dst_state,
+                key_mappings=mappings,
+                key_mapping_hook_fns=config.to_hf_hook_fns,
+                transpose_keys=transposes,
+                rollout_engine="sglang_jax",
+                num_kv_heads=num_kv_heads,
+                head_dim=head_dim,
+            )
+
+        def transfer(src_def, lora_def, src_leaves: list, lora_leaves: list, dst_leaves: list):
+            src_state = jax.tree_util.tree_unflatten(src_def, src_leaves)
+            out = jax.tree_util.tree_unflatten(treedef, dst_leaves)
+            out = mapped(src_state, out, base_mappings, config.to_hf_transpose_keys)
+            if lora_def is not None:
+                adapters = _adapters(lora_def, lora_leaves, layout)
+                # Already in the buffers' layout (`engine_factors`): no transposes.
+                out = mapped(adapters, out, config.lora_to_hf_mappings, {})
+            out_leaves = jax.tree_util.tree_leaves(out)
+            # A target tunix did not write comes back as its own input tracer.
+            unwritten = [
+                engine_names[i]
+                for i, (new, old) in enumerate(zip(out_leaves, dst_leaves, strict=True))
+                if new is old and _must_write(engine_names[i], lora_def is not None)
+            ]
+            if unwritten:
+                raise WeightSyncError(
+                    f"update_params: the new state does not cover {len(unwritten)} engine "
+                    f"parameter(s), which would keep their old values: {_listed(unwritten)}"
+                )
+            return out_leaves
+
+        return transfer
+
+    def _gemma_transfer(self) -> Callable:
+        """The mapping program's body for Gemma, through `engine.gemma_mapping` (tunix ships
+        no sgl-jax mapping for it), with the same integrity checks: every tunix parameter
+        known, every engine parameter written. With LoRA, the base goes to the adapted layers'
+        `base_layer` weights and the factors to the static LoRA buffers (`engine_lora_buffers`)."""
+        engine_names = _dotted_leaf_names(self.engine_state())
+        served = _served_name(engine_names)
+        layout = self._lora
+
+        def transfer(src_def, lora_def, src_leaves: list, lora_leaves: list, dst_leaves: list):
+            src = jax.tree_util.tree_unflatten(src_def, src_leaves)
+            adapters = None if lora_def is None else _adapters(lora_def, lora_leaves, layout)
+            try:
+                params = engine_params(dict(zip(_dotted_leaf_names(src), src_leaves, strict=True)))
+                mapped = {served(name): value for name, value in params.items()}
+                if adapters is not None:
                     names = _dotted_leaf_names(adapters)
                     factors = dict(zip(names, jax.tree_util.tree_leaves(adapters), strict=True))
                     mapped.update(engine_lora_buffers(factors))
-                unknown = sorted(set(mapped) - served)
-                missing = [
-                    n
-                    for n in engine_names
-                    if n not in mapped and (lora_def is not None or not _is_lora_buffer(n))
-                ]
-                if unknown or missing:
-                    raise WeightSyncError(
-                        "update_params: tunix's Gemma state does not match the engine's Gemma "
-                        f"parameters (not in the engine: {_listed(unknown)}; not written: "
-                        f"{_listed(missing)})"
-                    )
-                return [
-                    mapped.get(name, old).astype(old.dtype)  # kept: adapters of a base update
-                    for name, old in zip(engine_names, dst_leaves, strict=True)
-                ]
+            except ValueError as err:  # a tunix parameter or factor it does not know
+                raise WeightSyncError(str(err)) from err
+            unknown = sorted(set(mapped) - set(engine_names))
+            missing = [
+                n for n in engine_names if n not in mapped and _must_write(n, lora_def is not None)
+            ]
+            if unknown or missing:
+                raise WeightSyncError(
+                    "update_params: tunix's Gemma state does not match the engine's Gemma "
+                    f"parameters (not in the engine: {_listed(unknown)}; not written: "
+                    f"{_listed(missing)})"
+                )
+            return [
+                mapped.get(name, old).astype(old.dtype)  # kept: adapters of a base update
+                for name, old in zip(engine_names, dst_leaves, strict=True)
+            ]
 
-            shardings = [x.sharding for x in self._runner.model_state_leaves]
-            self._mapper = jax.jit(transfer, static_argnums=(0, 1), out_shardings=shardings)
-        lora_def, lora_leaves = lora or (None, [])
-        try:
-            return self._mapper(
-                src_def,
-                lora_def,
-                self._on_engine_devices(src_leaves),
-                self._on_engine_devices(lora_leaves),
-                self._runner.model_state_leaves,
-            )
-        except WeightSyncError:
-            raise
-        except ValueError as err:
-            raise ValueError(str(err)) from err
+        return transfer
 
     def _on_engine_devices(self, leaves: list) -> list:
         """Leaves on other devices than the engine's (a trainer on its own devices) are moved
@@ -300,7 +279,7 @@ class WeightSwapper:
         ):
             if not hasattr(new_leaf, "shape") or tuple(new_leaf.shape) != tuple(old_leaf.shape):
                 raise ValueError(
-                    f"update_params: parameter {_leaf_name(self.engine_state(), index)} has "
+                    f"update_params: parameter {_leaf_names(self.engine_state())[index]} has "
                     f"shape {getattr(new_leaf, 'shape', type(new_leaf).__name__)}, the engine "
                     f"expects {tuple(old_leaf.shape)}"
                 )
@@ -346,31 +325,40 @@ def _lora_hint(keys: list[str]) -> str:
     return ""
 
 
-def _served_by_base_layers(mappings: dict, engine_names: list[str]) -> dict:
-    """tunix's mapping with each target that sgl-jax's static LoRA wraps (`q_proj.weight` served
-    as `q_proj.base_layer.weight`, sgl-jax `srt/lora/layers.py` `BaseLayerWithLoRA`) renamed."""
-    names = "\n".join(engine_names)
-    out = {}
-    for source, (target, sharding) in mappings.items():
-        head, _, last = target.rpartition(".")
+def _served_name(engine_names: list[str]) -> Callable[[str], str]:
+    """Renames a parameter name (`...q_proj.weight`; `*` for any index, as in tunix's tables)
+    to its `...q_proj.base_layer.weight` where sgl-jax's static LoRA wrapped the layer
+    (`srt/lora/layers.py` `BaseLayerWithLoRA`): where the engine serves the wrapped name and
+    not the name itself."""
+    names, joined = set(engine_names), "\n".join(engine_names)
+
+    def serves(name: str) -> bool:
+        if "*" not in name:
+            return name in names
+        pattern = re.escape(name).replace(r"\*", r"\d+")
+        return re.search(f"^{pattern}$", joined, re.M) is not None
+
+    def rename(name: str) -> str:
+        head, _, last = name.rpartition(".")
         wrapped = f"{head}.base_layer.{last}"
-        pattern = re.escape(wrapped).replace(r"\*", r"\d+")
-        out[source] = (wrapped if re.search(f"^{pattern}$", names, re.M) else target, sharding)
-    return out
+        return wrapped if serves(wrapped) and not serves(name) else name
+
+    return rename
 
 
-def _is_lora_buffer(name: str) -> bool:
-    """Whether an engine parameter is one of sgl-jax's static LoRA buffers. An update without
-    adapters (the base alone, on an engine serving LoRA) keeps them as they are."""
-    return "A_buffer" in name or "B_buffer" in name
+def _adapters(lora_def: Any, lora_leaves: list, layout: LoraLayout) -> Any:
+    """The LoRA factors in the layout of sgl-jax's static LoRA buffers (`engine_factors`)."""
+    try:
+        return engine_factors(jax.tree_util.tree_unflatten(lora_def, lora_leaves), layout)
+    except ValueError as err:
+        raise WeightSyncError(str(err)) from None
 
 
-def _wrapped_name(name: str, engine_names: set[str]) -> str:
-    """`name` (`...q_proj.weight`), or its `...q_proj.base_layer.weight` where sgl-jax's static
-    LoRA wrapped the layer (`srt/lora/layers.py` `BaseLayerWithLoRA`)."""
-    head, _, last = name.rpartition(".")
-    wrapped = f"{head}.base_layer.{last}"
-    return wrapped if name not in engine_names and wrapped in engine_names else name
+def _must_write(name: str, with_lora: bool) -> bool:
+    """Whether an update must write engine parameter `name`: every one, except sgl-jax's static
+    LoRA buffers in an update without adapters (the base alone, on an engine serving LoRA),
+    which keeps them as they are."""
+    return with_lora or ("A_buffer" not in name and "B_buffer" not in name)
 
 
 def _dotted(state: Any) -> list[tuple[str, Any]]:
@@ -390,14 +378,9 @@ def _leaf_names(tree: Any) -> list[str]:
     return [jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
 
 
-def _leaf_name(tree: Any, index: int) -> str:
-    return _leaf_names(tree)[index]
-
-
 def _structure_difference(candidate: Any, current: nnx.State) -> str:
     """The first parameter where the new tree differs from the engine's (error path only)."""
-    old = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(current)[0]]
-    new = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(candidate)[0]]
+    old, new = _leaf_names(current), _leaf_names(candidate)
     for engine_name, new_name in zip(old, new, strict=False):
         if engine_name != new_name:
             return f"parameter {new_name} found where the engine has {engine_name}"

@@ -226,7 +226,7 @@ def engine_untouched(rollout, monkeypatch):
     def submit(**fields):
         raise AssertionError("the engine was touched")
 
-    monkeypatch.setattr(rollout.engine, "_submit", submit)
+    monkeypatch.setattr(rollout.engine._requests, "_submit", submit)
 
 
 def test_bad_token_ids_raise_naming_them_before_the_engine(rollout, engine_untouched):

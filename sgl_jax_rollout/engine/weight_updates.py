@@ -1,0 +1,55 @@
+"""Weight swaps of the running engine, serialised with its calls.
+
+Owns `WeightUpdates`, behind `RolloutEngine.update_weights` and `engine_state`: the new
+weights are mapped and checked on the caller's thread (`weights.WeightSwapper.prepare`), then
+swapped in together with a prefix-cache flush on the idle scheduler thread, under the
+engine's call lock, so no step sees half of it. After a `release_memory(resume_on_use=True)`
+the update is the resume (`MemoryLifecycle.resume_with`). Must not map weights itself
+(`engine.weights` does).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from sgl_jax_rollout.engine.memory_lifecycle import MemoryLifecycle
+from sgl_jax_rollout.engine.process import EngineProcess
+
+
+class WeightUpdates:
+    def __init__(
+        self, process: EngineProcess, memory: MemoryLifecycle, lock: threading.Lock
+    ) -> None:
+        self._process = process
+        self._memory = memory
+        self._lock = lock  # the engine's call lock
+
+    def engine_state(self):
+        """`RolloutEngine.engine_state`."""
+        self._process.check_open()
+        if self._memory.weights_released:
+            raise RuntimeError("engine_state: the engine's weights are released; resume first")
+        return self._process.weights.engine_state()
+
+    def update(self, params: Any, lora: Any) -> None:
+        """`RolloutEngine.update_weights`."""
+        with self._lock:
+            self._process.check_open()
+            if self._memory.released is not None and self._memory.resume_on_use:
+                self._memory.resume_with(params, lora)
+                return
+            if self._memory.weights_released:
+                raise RuntimeError(
+                    "update_params: the engine's weights are released (release_memory("
+                    "weights=True)); call resume_memory() first, then update_params"
+                )
+            leaves = self._process.weights.prepare(params, lora)
+            self._process.when_idle(lambda scheduler: self._swap_and_flush(scheduler, leaves))
+            self._memory.weights_pending = False
+
+    def _swap_and_flush(self, scheduler: Any, leaves: list) -> None:
+        self._process.weights.swap(leaves)
+        flushed, message, _ = scheduler.flush_cache()
+        if not flushed:  # cannot happen while fully idle; never serve stale prefixes silently
+            raise RuntimeError(f"prefix cache flush failed after the weight swap: {message}")
