@@ -11,7 +11,8 @@ import pytest
 
 from sgl_jax_rollout.engine.settings import EngineSettings
 from sgl_jax_rollout.partial import Group, Member, PausedGroups, StopRule
-from sgl_jax_rollout.rollout import _check_partial, _check_partial_options
+from sgl_jax_rollout.partial_call import check_partial as _check_partial
+from sgl_jax_rollout.partial_call import check_partial_options as _check_partial_options
 from sgl_jax_rollout.rollout_inputs import sample_limits
 from sgl_jax_rollout.sampling.options import SamplingOptions
 
