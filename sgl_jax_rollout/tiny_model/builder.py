@@ -1,7 +1,8 @@
 """`make_tiny_model`: writes the built-in tiny model directory, offline and deterministically.
 
-Owns the files of docs/design.md section 6: `config.json` (HF layout for qwen3, qwen2 or llama;
-a Gemma 4 replica's config and weights come from `gemma4_replica`),
+Owns the files of docs/design.md section 6: `config.json` (the shared HF decoder layout, with
+each family's own keys and tensors from its module under `families/`; a Gemma 4 replica's
+config and weights come whole from `families/gemma4.py`),
 `model.safetensors` with seeded random float32 weights scaled so next-token distributions
 have varied, clearly non-uniform entropy, `generation_config.json`, and the tokenizer files
 (from `tokenizer.py`). The same seed gives the same bytes. The model's `vocab_size` equals the
@@ -31,10 +32,14 @@ from typing import Any
 import numpy as np
 from safetensors.numpy import save_file
 
-from sgl_jax_rollout.tiny_model import gemma4_replica
+from sgl_jax_rollout.tiny_model.families import FAMILIES
+from sgl_jax_rollout.tiny_model.families.qwen3_moe import (  # noqa: F401 (importable from here)
+    MOE_EXPERTS,
+    MOE_INTERMEDIATE,
+    MOE_TOP_K,
+)
+from sgl_jax_rollout.tiny_model.family import Family, LikePreset, Normal, TinyShape
 from sgl_jax_rollout.tiny_model.tokenizer import (
-    GEMMA,
-    GEMMA4,
     QWEN_STYLE,
     THINK_END,
     THINK_START,
@@ -45,205 +50,20 @@ from sgl_jax_rollout.tiny_model.tokenizer import (
 log = logging.getLogger(__name__)
 
 ARCHITECTURES = {
-    "qwen3": ("Qwen3ForCausalLM", "qwen3"),
-    "qwen2": ("Qwen2ForCausalLM", "qwen2"),
-    "llama": ("LlamaForCausalLM", "llama"),
-    "gemma2": ("Gemma2ForCausalLM", "gemma2"),
+    f.arch: (f.architecture, f.model_type) for f in FAMILIES.values() if not f.like_only
 }
 # The tokenizer vocabulary of each architecture (the built-in one unless listed).
-VOCABULARIES: dict[str, Vocabulary] = {"gemma2": GEMMA, "gemma4": GEMMA4}
+VOCABULARIES: dict[str, Vocabulary] = {
+    f.arch: f.vocabulary for f in FAMILIES.values() if f.vocabulary is not None
+}
 # Architectures only a `--like` replica writes (their checkpoints' layout is their own).
-LIKE_ONLY = {"gemma4": gemma4_replica.ARCHITECTURE, "qwen3_moe": "Qwen3MoeForCausalLM"}
-# The replica's mixture of experts: Qwen3-30B-A3B's 128 experts, 8 per token (where routing
-# flips come from: the eighth and ninth are often close), 96 wide (768 there).
-MOE_EXPERTS, MOE_TOP_K, MOE_INTERMEDIATE = 128, 8, 96
+LIKE_ONLY = {f.arch: f.architecture for f in FAMILIES.values() if f.like_only}
+LIKE_PRESETS: dict[str, LikePreset] = {
+    name: preset for f in FAMILIES.values() for name, preset in f.presets.items()
+}
 MIN_VOCAB = 300
 DEFAULT_VOCAB = 1024
 DTYPES = ("float32", "bfloat16")
-
-
-@dataclasses.dataclass(frozen=True)
-class TinyShape:
-    hidden: int = 64
-    intermediate: int = 128
-    layers: int = 2
-    heads: int = 4
-    kv_heads: int = 2
-    head_dim: int = 128  # `--like` replicas take their checkpoint's (LikePreset.head_dim)
-    max_positions: int = 2048
-    # Std of the output projection: with unit-RMS hidden states, logits std ~ 0.3 * sqrt(64).
-    lm_head_std: float = 0.3
-
-
-@dataclasses.dataclass(frozen=True)
-class LikePreset:
-    """The config features of a real checkpoint that a tiny model copies (not its sizes).
-
-    - config: config.json values of the checkpoint (RoPE, norm epsilon, tying, dtype, ...),
-      written over the tiny sizes.
-    - generation: generation_config.json sampling defaults of the checkpoint.
-    - eos_with_bos: generation_config's `eos_token_id` is `[eos, bos]` as Qwen's
-      `[<|im_end|>, <|endoftext|>]` (Qwen's pad id is its bos id too), else a single eos id
-      and no pad id, as Llama 3 base checkpoints ship.
-    - max_positions: a floor on max_position_embeddings above the tiny shape's (llama3 RoPE
-      scaling wants it above its original_max_position_embeddings, 8192, or HF warns).
-    - head_dim: the checkpoint's attention head size (its config's `head_dim`, else hidden /
-      heads), kept at every size: it sets the RoPE frequencies and the KV pool's padding.
-    - real, real_vocab: the checkpoint's sizes and model vocabulary (`real_size=True`).
-    """
-
-    arch: str
-    hf_repo: str
-    config: dict[str, Any]
-    generation: dict[str, Any]
-    eos_with_bos: bool
-    head_dim: int
-    max_positions: int | None = None
-    real: TinyShape | None = None
-    real_vocab: int | None = None
-
-
-_QWEN_BASE = {"rms_norm_eps": 1e-06, "torch_dtype": "bfloat16"}
-_QWEN3_GENERATION = {"do_sample": True, "temperature": 0.6, "top_k": 20, "top_p": 0.95}
-_LLAMA_BASE = {"rms_norm_eps": 1e-05, "rope_theta": 500000.0, "torch_dtype": "bfloat16"}
-_LLAMA_GENERATION = {"do_sample": True, "temperature": 0.6, "top_p": 0.9}
-
-
-def _llama3_rope_scaling(factor: float) -> dict[str, Any]:
-    return {
-        "factor": factor,
-        "high_freq_factor": 4.0,
-        "low_freq_factor": 1.0,
-        "original_max_position_embeddings": 8192,
-        "rope_type": "llama3",
-    }
-
-
-LIKE_PRESETS: dict[str, LikePreset] = {
-    "qwen3-0.6b": LikePreset(
-        arch="qwen3",
-        hf_repo="Qwen/Qwen3-0.6B",
-        config={**_QWEN_BASE, "rope_theta": 1000000, "tie_word_embeddings": True},
-        generation=_QWEN3_GENERATION,
-        eos_with_bos=True,
-        head_dim=128,
-        # Qwen/Qwen3-0.6B config.json; weights as the tiny model's (random, seeded).
-        real=TinyShape(
-            hidden=1024,
-            intermediate=3072,
-            layers=28,
-            heads=16,
-            kv_heads=8,
-            head_dim=128,
-            max_positions=40960,
-            lm_head_std=0.3 * (64 / 1024) ** 0.5,  # the tiny model's logit scale
-        ),
-        real_vocab=151936,
-    ),
-    "qwen3-8b": LikePreset(
-        arch="qwen3",
-        hf_repo="Qwen/Qwen3-8B",
-        config={**_QWEN_BASE, "rope_theta": 1000000, "tie_word_embeddings": False},
-        generation=_QWEN3_GENERATION,
-        eos_with_bos=True,
-        head_dim=128,
-    ),
-    "qwen2.5-1.5b-instruct": LikePreset(
-        arch="qwen2",
-        hf_repo="Qwen/Qwen2.5-1.5B-Instruct",
-        config={**_QWEN_BASE, "rope_theta": 1000000.0, "tie_word_embeddings": True},
-        generation={
-            "do_sample": True,
-            "repetition_penalty": 1.1,
-            "temperature": 0.7,
-            "top_k": 20,
-            "top_p": 0.8,
-        },
-        eos_with_bos=True,
-        head_dim=128,
-    ),
-    "llama-3.1-8b": LikePreset(
-        arch="llama",
-        hf_repo="meta-llama/Llama-3.1-8B",
-        config={
-            **_LLAMA_BASE,
-            "rope_scaling": _llama3_rope_scaling(8.0),
-            "tie_word_embeddings": False,
-        },
-        generation=_LLAMA_GENERATION,
-        eos_with_bos=False,
-        head_dim=128,
-        max_positions=16384,
-    ),
-    "llama-3.2-1b": LikePreset(
-        arch="llama",
-        hf_repo="meta-llama/Llama-3.2-1B",
-        config={
-            **_LLAMA_BASE,
-            "rope_scaling": _llama3_rope_scaling(32.0),
-            "tie_word_embeddings": True,
-        },
-        generation=_LLAMA_GENERATION,
-        eos_with_bos=False,
-        head_dim=64,
-        max_positions=16384,
-    ),
-    "gemma-2-2b-it": LikePreset(
-        arch="gemma2",
-        hf_repo="google/gemma-2-2b-it",
-        config={
-            "rms_norm_eps": 1e-06,
-            "rope_theta": 10000.0,
-            "tie_word_embeddings": True,
-            "torch_dtype": "float32",
-            "attention_bias": False,
-            "attn_logit_softcapping": 50.0,
-            "final_logit_softcapping": 30.0,
-            "query_pre_attn_scalar": 256,
-            # 4096 in the checkpoint: the replica's window is shorter than the tests' prompts
-            # (1,024 tokens), so the alternate layers' window is exercised.
-            "sliding_window": 256,
-            "hidden_act": "gelu_pytorch_tanh",
-            "hidden_activation": "gelu_pytorch_tanh",
-            "cache_implementation": "hybrid",
-        },
-        generation={"cache_implementation": "hybrid"},
-        eos_with_bos=False,
-        head_dim=256,
-        max_positions=8192,
-    ),
-    "qwen3-30b-a3b": LikePreset(
-        arch="qwen3_moe",
-        hf_repo="Qwen/Qwen3-30B-A3B",
-        # Qwen/Qwen3-30B-A3B config.json: every layer sparse, top-k renormalised, no shared
-        # expert, 128 experts, 8 per token; 96 wide at the tiny size.
-        config={
-            **_QWEN_BASE,
-            "rope_theta": 1000000.0,
-            "tie_word_embeddings": False,
-            "decoder_sparse_step": 1,
-            "mlp_only_layers": [],
-            "norm_topk_prob": True,
-            "num_experts": MOE_EXPERTS,
-            "num_experts_per_tok": MOE_TOP_K,
-            "moe_intermediate_size": MOE_INTERMEDIATE,
-            "output_router_logits": False,
-            "router_aux_loss_coef": 0.001,
-        },
-        generation=_QWEN3_GENERATION,
-        eos_with_bos=True,
-        head_dim=128,
-    ),
-    "gemma-4-31b-it": LikePreset(
-        arch="gemma4",
-        hf_repo="google/gemma-4-31B-it",
-        config={"torch_dtype": "bfloat16"},  # the rest: gemma4_replica.config
-        generation={},
-        eos_with_bos=False,
-        head_dim=gemma4_replica.HEAD_DIM,
-        max_positions=8192,
-    ),
-}
 
 
 def like_preset(name: str) -> LikePreset:
@@ -258,7 +78,7 @@ def make_tiny_model(
     arch: str | None = None,
     seed: int = 0,
     vocab_size: int = DEFAULT_VOCAB,
-    shape: TinyShape = TinyShape(),
+    shape: TinyShape = TinyShape(),  # noqa: B008 (a frozen dataclass)
     like: str | None = None,
     dtype: str | None = None,
     real_size: bool = False,
@@ -283,6 +103,7 @@ def make_tiny_model(
         arch = "qwen3"
     if arch not in ARCHITECTURES and (preset is None or arch not in LIKE_ONLY):
         raise ValueError(f"arch must be one of {sorted(ARCHITECTURES)}, got {arch!r}")
+    family = FAMILIES[arch]
     if dtype is None:
         dtype = preset.config["torch_dtype"] if preset else "float32"
     if dtype not in DTYPES:
@@ -308,12 +129,12 @@ def make_tiny_model(
         raise ValueError("layers is for real_size models only")
     elif preset is not None:
         shape = dataclasses.replace(shape, head_dim=preset.head_dim)
-        if arch == "gemma4" and shape.layers < gemma4_replica.PERIOD:  # one full layer at least
-            shape = dataclasses.replace(shape, layers=gemma4_replica.PERIOD)
+        if shape.layers < family.min_layers:
+            shape = dataclasses.replace(shape, layers=family.min_layers)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
 
-    vocabulary = VOCABULARIES.get(arch, QWEN_STYLE)
+    vocabulary = family.vocabulary or QWEN_STYLE
     tokenizer = train_tokenizer(vocab_size, seed, vocabulary)
     vocab = max(tokenizer.get_vocab_size(), model_vocab or 0)
     roles = {"pad": vocabulary.pad, "bos": vocabulary.bos, "eos": vocabulary.eos}
@@ -321,34 +142,21 @@ def make_tiny_model(
     ids = {role: tokenizer.token_to_id(name) if name else None for role, name in roles.items()}
     _save_tokenizer(tokenizer, vocabulary, out)
 
-    if preset is None:
-        config = _hf_config(arch, vocab, shape, ids)
-        generation = {
-            "bos_token_id": ids["bos"],
-            "eos_token_id": [ids["eos"]],
-            "pad_token_id": ids["pad"],
-            "do_sample": True,
-            "temperature": 1.0,
-            "top_k": -1,
-            "top_p": 1.0,
-        }
-    elif arch == "gemma4":
-        max_positions = max(preset.max_positions or 0, shape.max_positions)
-        config = gemma4_replica.config(shape, vocab, ids, max_positions)
-        config["text_config"]["torch_dtype"] = dtype
-        generation = gemma4_replica.generation(ids, tokenizer.token_to_id("<|tool_response>"))
+    if family.own_layout is not None:  # its checkpoints' layout is its own (Gemma 4)
+        config, generation, tensors = family.own_layout(
+            shape, vocab, ids, _max_positions(preset, shape), dtype, tokenizer, seed
+        )
     else:
-        config = _like_config(preset, vocab, shape, ids)
-        generation = _like_generation(preset, ids)
+        if preset is None:
+            config, generation = _hf_config(family, vocab, shape, ids), _plain_generation(ids)
+        else:
+            config = _like_config(family, preset, vocab, shape, ids)
+            generation = _like_generation(preset, ids)
+        tied = bool(config["tie_word_embeddings"])
+        tensors = _random_weights(family, vocab, shape, seed, tied=tied)
     config["torch_dtype"] = dtype
     _write_json(out / "config.json", config)
     _write_json(out / "generation_config.json", generation)
-    tied = bool(config["tie_word_embeddings"])
-    if arch == "gemma4":
-        rng = np.random.default_rng(seed)
-        tensors = gemma4_replica.weights(config["text_config"], rng, shape.lm_head_std)
-    else:
-        tensors = _random_weights(arch, vocab, shape, seed, tied=tied)
     if dtype == "bfloat16":
         import ml_dtypes  # a jax dependency
 
@@ -367,11 +175,10 @@ def make_tiny_model(
     return out
 
 
-def _hf_config(arch: str, vocab: int, s: TinyShape, ids: dict[str, int]) -> dict:
-    architecture, model_type = ARCHITECTURES[arch]
+def _hf_config(family: Family, vocab: int, s: TinyShape, ids: dict[str, int]) -> dict:
     config = {
-        "architectures": [architecture],
-        "model_type": model_type,
+        "architectures": [family.architecture],
+        "model_type": family.model_type,
         "vocab_size": vocab,
         "hidden_size": s.hidden,
         "intermediate_size": s.intermediate,
@@ -391,25 +198,35 @@ def _hf_config(arch: str, vocab: int, s: TinyShape, ids: dict[str, int]) -> dict
         "think_start_token_id": ids["think_start"],
         "think_end_token_id": ids["think_end"],
     }
-    if arch == "qwen3":
-        config["attention_bias"] = False
-    if arch == "qwen2":
-        config.update(use_sliding_window=False, sliding_window=None, max_window_layers=s.layers)
-    if arch == "llama":
-        config.update(attention_bias=False, mlp_bias=False, rope_scaling=None)
+    if family.tiny_config is not None:
+        config.update(family.tiny_config(s))
     return config
 
 
-def _like_config(preset: LikePreset, vocab: int, s: TinyShape, ids: dict[str, int]) -> dict:
+def _plain_generation(ids: dict[str, int]) -> dict:
+    return {
+        "bos_token_id": ids["bos"],
+        "eos_token_id": [ids["eos"]],
+        "pad_token_id": ids["pad"],
+        "do_sample": True,
+        "temperature": 1.0,
+        "top_k": -1,
+        "top_p": 1.0,
+    }
+
+
+def _max_positions(preset: LikePreset, s: TinyShape) -> int:
+    return max(preset.max_positions or 0, s.max_positions)
+
+
+def _like_config(
+    family: Family, preset: LikePreset, vocab: int, s: TinyShape, ids: dict[str, int]
+) -> dict:
     """The key set of the real checkpoint's config.json, at the tiny sizes."""
-    if preset.arch in ARCHITECTURES:
-        architecture, model_type = ARCHITECTURES[preset.arch]
-    else:  # a replica-only architecture: HF's model_type is its name
-        architecture, model_type = LIKE_ONLY[preset.arch], preset.arch
-    max_positions = max(preset.max_positions or 0, s.max_positions)
+    max_positions = _max_positions(preset, s)
     config: dict[str, Any] = {
-        "architectures": [architecture],
-        "model_type": model_type,
+        "architectures": [family.architecture],
+        "model_type": family.model_type,
         "vocab_size": vocab,
         "hidden_size": s.hidden,
         "intermediate_size": s.intermediate,
@@ -426,22 +243,8 @@ def _like_config(preset: LikePreset, vocab: int, s: TinyShape, ids: dict[str, in
         "bos_token_id": ids["bos"],
         "eos_token_id": ids["eos"],
     }
-    if preset.arch in ("qwen3", "qwen3_moe"):  # q/k RMSNorm (tensors), no biases
-        config.update(
-            attention_bias=False,
-            rope_scaling=None,
-            sliding_window=None,
-            use_sliding_window=False,
-            max_window_layers=s.layers,
-        )
-    if preset.arch == "qwen2":  # q/k/v biases (tensors; Qwen2 has no attention_bias key)
-        config.update(
-            sliding_window=max_positions, use_sliding_window=False, max_window_layers=s.layers
-        )
-    if preset.arch == "llama":
-        config.update(attention_bias=False, mlp_bias=False, pretraining_tp=1)
-    if preset.arch == "gemma2":  # <eos> and <end_of_turn> stop, <pad> 0 (gemma-2-2b-it's)
-        config.update(eos_token_id=[ids["eos"], ids["end_of_turn"]], pad_token_id=ids["pad"])
+    if family.like_config is not None:
+        config.update(family.like_config(s, max_positions, ids))
     config.update(json.loads(json.dumps(preset.config)))  # a deep copy
     return config
 
@@ -459,7 +262,7 @@ def _like_generation(preset: LikePreset, ids: dict[str, int]) -> dict:
 
 
 def _random_weights(
-    arch: str, vocab: int, s: TinyShape, seed: int, tied: bool = False
+    family: Family, vocab: int, s: TinyShape, seed: int, tied: bool = False
 ) -> dict[str, np.ndarray]:
     """Seeded weights. Tied: no lm_head tensor, and the embedding takes the output
     projection's std (the logits are the final hidden states times the embedding)."""
@@ -471,7 +274,7 @@ def _random_weights(
     def norm_weight(size: int, gain: float = 1.0) -> np.ndarray:
         # Gemma's RMSNorm scales by (1 + w): its weights sit around gain - 1, the others'
         # around gain.
-        center = gain - 1.0 if arch == "gemma2" else gain
+        center = gain - 1.0 if family.norm_plus_one else gain
         return (center + rng.standard_normal(size) * 0.1).astype(np.float32)
 
     q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim
@@ -480,54 +283,29 @@ def _random_weights(
     for i in range(s.layers):
         p = f"model.layers.{i}."
         tensors[p + "input_layernorm.weight"] = norm_weight(s.hidden)
-        # Gemma scales the input embedding by sqrt(hidden) and normalises each block's output
-        # (post norms): gains of 4 keep the blocks from being drowned by the embedding, which
-        # the tied output would otherwise copy (the next token = the current one).
-        post_gain = 4.0 if arch == "gemma2" else 1.0
-        tensors[p + "post_attention_layernorm.weight"] = norm_weight(s.hidden, post_gain)
+        tensors[p + "post_attention_layernorm.weight"] = norm_weight(
+            s.hidden, family.post_norm_gain
+        )
         tensors[p + "self_attn.q_proj.weight"] = normal(q, s.hidden, std=s.hidden**-0.5)
         tensors[p + "self_attn.k_proj.weight"] = normal(kv, s.hidden, std=s.hidden**-0.5)
         tensors[p + "self_attn.v_proj.weight"] = normal(kv, s.hidden, std=s.hidden**-0.5)
         tensors[p + "self_attn.o_proj.weight"] = normal(s.hidden, q, std=q**-0.5)
-        if arch == "qwen2":
-            tensors[p + "self_attn.q_proj.bias"] = normal(q, std=0.1)
-            tensors[p + "self_attn.k_proj.bias"] = normal(kv, std=0.1)
-            tensors[p + "self_attn.v_proj.bias"] = normal(kv, std=0.1)
-        if arch in ("qwen3", "qwen3_moe"):
-            tensors[p + "self_attn.q_norm.weight"] = norm_weight(s.head_dim)
-            tensors[p + "self_attn.k_norm.weight"] = norm_weight(s.head_dim)
-        if arch == "gemma2":  # norms around the feed-forward block too
-            tensors[p + "pre_feedforward_layernorm.weight"] = norm_weight(s.hidden)
-            tensors[p + "post_feedforward_layernorm.weight"] = norm_weight(s.hidden, post_gain)
-        if arch == "qwen3_moe":
-            tensors.update(_experts(p + "mlp.", s.hidden, normal))
-            continue
-        tensors[p + "mlp.gate_proj.weight"] = normal(s.intermediate, s.hidden, std=s.hidden**-0.5)
-        tensors[p + "mlp.up_proj.weight"] = normal(s.intermediate, s.hidden, std=s.hidden**-0.5)
-        tensors[p + "mlp.down_proj.weight"] = normal(
-            s.hidden, s.intermediate, std=s.intermediate**-0.5
-        )
+        if family.layer_tensors is not None:
+            tensors.update(family.layer_tensors(p, s, normal, norm_weight))
+        tensors.update((family.mlp or _dense_mlp)(p + "mlp.", s, normal))
     tensors["model.norm.weight"] = norm_weight(s.hidden)
     if not tied:
         tensors["lm_head.weight"] = normal(vocab, s.hidden, std=s.lm_head_std)
     return tensors
 
 
-def _experts(prefix: str, hidden: int, normal) -> dict[str, np.ndarray]:
-    """A Qwen3-MoE block's tensors: the router (`gate`, `[experts, hidden]`) and each expert's
-    SwiGLU MLP, HF's names and `[out, in]` layout. Router logits have a std of ~0.2, flat as a
-    load-balanced router's are, so a token's eighth and ninth experts are often close; the
-    experts' outputs are three times an MLP's, so which expert serves a token matters: the
-    replica shows what a flipped expert does (bfloat16, routing replay) while float32 sides
-    still agree on every choice."""
-    f = MOE_INTERMEDIATE
-    tensors = {prefix + "gate.weight": normal(MOE_EXPERTS, hidden, std=0.2 * hidden**-0.5)}
-    for e in range(MOE_EXPERTS):
-        q = f"{prefix}experts.{e}."
-        tensors[q + "gate_proj.weight"] = normal(f, hidden, std=hidden**-0.5)
-        tensors[q + "up_proj.weight"] = normal(f, hidden, std=hidden**-0.5)
-        tensors[q + "down_proj.weight"] = normal(hidden, f, std=3.0 * f**-0.5)
-    return tensors
+def _dense_mlp(prefix: str, s: TinyShape, normal: Normal) -> dict[str, np.ndarray]:
+    """The SwiGLU MLP of one layer, HF's names and `[out, in]` layout."""
+    return {
+        prefix + "gate_proj.weight": normal(s.intermediate, s.hidden, std=s.hidden**-0.5),
+        prefix + "up_proj.weight": normal(s.intermediate, s.hidden, std=s.hidden**-0.5),
+        prefix + "down_proj.weight": normal(s.hidden, s.intermediate, std=s.intermediate**-0.5),
+    }
 
 
 def _save_tokenizer(tokenizer, vocabulary: Vocabulary, out: Path) -> None:

@@ -1,9 +1,10 @@
-"""The Gemma 4 replica's config.json and weights (`make-tiny-model --like gemma-4-31b-it`).
+"""The Gemma 4 family: the replica's preset, config.json and weights (`--like gemma-4-31b-it`).
 
-Owns `config` and `weights`. Gemma 4's checkpoints differ from the other families' in layout,
-so they are written here rather than in `builder`'s shared path: the language model's config
-nests under `text_config` of a `Gemma4ForConditionalGeneration`, the weights sit under
-`model.language_model.`, and the two kinds of layer have their own attention shapes.
+Owns its preset, `config`, `generation` and `weights` (which `own_layout` calls for `builder`).
+Gemma 4's checkpoints differ from the other families' in layout, so they are written here
+rather than in `builder`'s shared path: the language model's config nests under `text_config`
+of a `Gemma4ForConditionalGeneration`, the weights sit under `model.language_model.`, and the
+two kinds of layer have their own attention shapes.
 
 What google/gemma-4-31B-it's config.json sets, kept at tiny sizes: five windowed layers to one
 full one (the last layer full), `head_dim` 256 on the windowed layers and `global_head_dim` 512
@@ -23,6 +24,9 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+
+from sgl_jax_rollout.tiny_model.family import Family, LikePreset, TinyShape
+from sgl_jax_rollout.tiny_model.tokenizer import GEMMA4
 
 ARCHITECTURE = "Gemma4ForConditionalGeneration"
 PREFIX = "model.language_model."
@@ -151,3 +155,43 @@ def weights(text: dict[str, Any], rng: np.random.Generator, embed_std: float) ->
         tensors[p + "mlp.down_proj.weight"] = normal(hidden, inter, std=inter**-0.5)
     tensors[PREFIX + "norm.weight"] = gain(hidden)
     return tensors
+
+
+def own_layout(
+    shape: TinyShape,
+    vocab: int,
+    ids: dict[str, int],
+    max_positions: int,
+    dtype: str,
+    tokenizer: Any,
+    seed: int,
+) -> tuple[dict, dict, dict]:
+    """config.json (`dtype` in its `text_config` too), generation_config.json and the seeded
+    weights of the replica."""
+    full = config(shape, vocab, ids, max_positions)
+    full["text_config"]["torch_dtype"] = dtype
+    stops = generation(ids, tokenizer.token_to_id("<|tool_response>"))
+    rng = np.random.default_rng(seed)
+    return full, stops, weights(full["text_config"], rng, shape.lm_head_std)
+
+
+FAMILY = Family(
+    arch="gemma4",
+    architecture=ARCHITECTURE,
+    model_type="gemma4",
+    presets={
+        "gemma-4-31b-it": LikePreset(
+            arch="gemma4",
+            hf_repo="google/gemma-4-31B-it",
+            config={"torch_dtype": "bfloat16"},  # the rest: `config`
+            generation={},
+            eos_with_bos=False,
+            head_dim=HEAD_DIM,
+            max_positions=8192,
+        ),
+    },
+    vocabulary=GEMMA4,
+    like_only=True,
+    min_layers=PERIOD,  # one full layer at least
+    own_layout=own_layout,
+)
