@@ -1,7 +1,8 @@
 """GRPO and EGPO on rollout logprobs and entropy: tunix's GRPO learner, extended.
 
-Owns `RolloutGRPOConfig` (tunix's `GRPOConfig` plus the settings below) and
-`RolloutGRPOLearner`. The learner runs tunix's own `_generate_and_compute_advantage` on a
+Owns `RolloutGRPOLearner` and the `RolloutTrainExample` it builds; its settings are
+`RolloutGRPOConfig` (`grpo_config.py`: tunix's `GRPOConfig` plus the settings below, importable
+from here as before). The learner runs tunix's own `_generate_and_compute_advantage` on a
 `RolloutCluster`, then:
 
 - adds `rollout_logprobs` and `rollout_entropy` `[B, max_tokens_to_generate]` to the training
@@ -23,13 +24,14 @@ Owns `RolloutGRPOConfig` (tunix's `GRPOConfig` plus the settings below) and
 - with `routing_replay` (a Qwen3-MoE actor, the engine serving `return_routed_experts`), adds
   the rollout's routed experts `[B, prompt + max_tokens, layers, top_k]` to the example; the
   loss's forward and the trainer's scoring of the sampled tokens route every token to them
-  (`routing_replay.py`, verl's R3);
+  (`routing_replay.py`, verl's R3; the learner's side in `learner_replay.py`);
 - for `advantage_estimator="egpo"`, hands the think-span entropy of every sample to the
   registered estimator (`egpo.py`) while tunix computes the advantages;
 - with `filter_groups`, `over_sampling_batch_size` or a rollout with partial rollouts, fills a
   training batch in rounds (`group_sampling.py`: DAPO's filter, over-sampling with early
-  stop, paused groups continued), then lets tunix build the example from the kept rows
-  (`RolloutCluster.answering_generate`, the rounds' rewards as `_compute_rewards`' answer);
+  stop, paused groups continued; the learner's side in `learner_rounds.py`), then lets tunix
+  build the example from the kept rows (`RolloutCluster.answering_generate`, the rounds'
+  rewards as `_compute_rewards`' answer);
   `mask_offpolicy_in_partial_rollout` takes older policy versions' tokens out of the mask.
 
 Everything of one batch (the rollout's result, the trainer's scores, the estimator's inputs,
@@ -42,8 +44,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
-import logging
 import threading
 
 import flax
@@ -52,12 +52,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from sgl_jax_rollout.rollout_inputs import right_pad_ids, right_pad_values
-from sgl_jax_rollout.tunix_compat import GRPOConfig, GRPOLearner, Mode, TrainExample
-from tunix_adapter import egpo, forking, group_sampling, metrics, routing_replay
-from tunix_adapter.cluster import RolloutCluster
-from tunix_adapter.off_policy import OffPolicyCorrection, apply_correction
-
-logger = logging.getLogger(__name__)
+from sgl_jax_rollout.tunix_compat import GRPOLearner, Mode, TrainExample
+from tunix_adapter import egpo, forking, group_sampling, learner_replay, learner_rounds, metrics
+from tunix_adapter.grpo_config import RolloutGRPOConfig
+from tunix_adapter.off_policy import apply_correction
+from tunix_adapter.rollout_cluster import RolloutCluster
 
 
 @flax.struct.dataclass(frozen=True)
@@ -65,172 +64,6 @@ class RolloutTrainExample(TrainExample):
     rollout_logprobs: jax.Array | None = None
     rollout_entropy: jax.Array | None = None
     routed_experts: jax.Array | None = None  # [B, prompt + max_tokens, layers, top_k]
-
-
-@dataclasses.dataclass(kw_only=True)
-class RolloutGRPOConfig(GRPOConfig):
-    """`GRPOConfig` plus: the old policy's source, off-policy correction, forking tokens,
-    trainer metrics, group metrics, EGPO.
-
-    - `use_rollout_logprobs`: the rollout's logprobs are the old policy's (else the trainer's,
-      under the weights that sampled, at the rollout temperature).
-    - `is_correction`: `{token,sequence,geometric}-{truncate,mask}` (`off_policy.py`), with
-      `is_threshold` (upper bound, >= 1) and `is_threshold_lower` (mask only; default
-      1 / upper). `tis_cap=C` is `is_correction="token-truncate", is_threshold=C`.
-    - `is_rejection` (mask corrections): `"zero_weight"` (default; TRL, IcePop: a rejected
-      token keeps its place in the loss's denominator and KL term, with weight 0) or
-      `"response_mask"` (verl: it leaves the completion mask, so normalisation, KL and
-      entropy ignore it).
-    - `top_entropy_quantile`: rho in (0, 1]; only the batch's top-rho completion tokens by
-      rollout entropy carry policy-gradient loss (the KL term keeps every token).
-    - `pass_threshold`: a sample passes (for `rewards/pass@k`) when its reward is >= this.
-    - `routing_replay` (default False): the trainer's MoE layers use the experts the rollout
-      routed each token to, in the loss and in the trainer's scoring of the old policy
-      (verl `router_replay.mode: R3`, slime `--use-rollout-routing-replay`). Needs a tunix
-      Qwen3-MoE actor and `EngineSettings(return_routed_experts=True)`.
-    - `filter_groups` (DAPO's dynamic sampling; default None, off): keep sampling until the
-      batch holds B groups whose rewards are not all equal. `"verl"`: population std > 0
-      (verl `algorithm.filter_groups`); `"slime"`: float64 unbiased std > 1e-6 (slime
-      `check_reward_nonzero_std`). `filter_groups_metric`: `"reward"` (the summed reward) or
-      a reward function's name. `max_num_gen_batches`: the most rounds a batch may take, then
-      ValueError (verl's; <= 0: no cap, verl's default).
-    - `over_sampling_batch_size` (slime's `--over-sampling-batch-size`; default None): each
-      round sends this many prompts (>= B; the batch's own first, then more from the data
-      iterator) and returns once the groups it still needs are there, aborting the rest.
-      `filter_timing` says what "there" means with a filter: `"slime"` (the default, slime's
-      `generate_rollout_async`): each group is scored and filtered as it finishes, and the
-      round returns once enough have passed; `"after_stop"`: once enough have finished, then
-      they are filtered (fewer reward calls; groups that would have passed are aborted).
-    - `mask_offpolicy_in_partial_rollout` (slime's; needs a rollout built with
-      `partial_rollout=True`): the tokens a continued sample drew under an older policy
-      version leave the loss's completion mask.
-    All three sample through `generate_groups` (`group_sampling.py`); so does a rollout with
-    partial rollouts on. Training batches only: evaluation samples each batch once.
-    """
-
-    use_rollout_logprobs: bool = True
-    is_correction: str | None = None
-    is_threshold: float = 2.0
-    is_threshold_lower: float | None = None
-    is_rejection: str = "zero_weight"
-    tis_cap: float | None = None
-    top_entropy_quantile: float | None = None
-    pass_threshold: float = 1.0
-    routing_replay: bool = False
-    filter_groups: str | None = None
-    filter_groups_metric: str = "reward"
-    max_num_gen_batches: int = 0
-    over_sampling_batch_size: int | None = None
-    filter_timing: str = "slime"
-    mask_offpolicy_in_partial_rollout: bool = False
-    log_trainer_logprobs: bool = True
-    egpo_lambda: float = 0.4
-    egpo_alpha: float = 2.0
-    think_start_id: int | None = None
-    think_end_id: int | None = None
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.tis_cap is not None:
-            if self.is_correction is not None:
-                raise ValueError(
-                    f"tis_cap={self.tis_cap} is is_correction='token-truncate' with that "
-                    f"threshold; set one of them, not both (is_correction={self.is_correction!r})"
-                )
-            if not np.isfinite(self.tis_cap) or self.tis_cap < 1.0:
-                raise ValueError(f"tis_cap must be >= 1.0 (or None), got {self.tis_cap}")
-            self.is_correction, self.is_threshold = "token-truncate", self.tis_cap
-        correction = self.off_policy_correction()
-        if correction is None and self.is_rejection != "zero_weight":
-            raise ValueError(
-                f"is_rejection={self.is_rejection!r} needs a mask correction (is_correction="
-                "'{token,sequence,geometric}-mask'); is_correction is None"
-            )
-        if correction is not None and correction.mode == "truncate" and self.use_rollout_logprobs:
-            raise ValueError(
-                f"is_correction={correction.name!r} (or tis_cap) corrects the trainer-vs-rollout "
-                "mismatch when the old policy is the trainer's; with use_rollout_logprobs=True "
-                "the loss's ratio already carries it. Set use_rollout_logprobs=False, or use a "
-                "mask correction (with rollout logprobs it rejects outliers only)"
-            )
-        forking.check_quantile(self.top_entropy_quantile)
-        self._check_group_sampling()
-        if not np.isfinite(self.pass_threshold):
-            raise ValueError(f"pass_threshold must be finite, got {self.pass_threshold}")
-        self.egpo_settings()  # validates lambda, alpha and think ids
-        self._map_onto_tunix_main()
-
-    def _check_group_sampling(self) -> None:
-        if self.filter_groups is not None and self.filter_groups not in group_sampling.FILTERS:
-            raise ValueError(
-                f"filter_groups must be one of {group_sampling.FILTERS} or None, got "
-                f"{self.filter_groups!r}"
-            )
-        if self.filter_timing not in group_sampling.FILTER_TIMINGS:
-            raise ValueError(
-                f"filter_timing must be one of {group_sampling.FILTER_TIMINGS}, got "
-                f"{self.filter_timing!r}"
-            )
-        if not isinstance(self.filter_groups_metric, str) or not self.filter_groups_metric:
-            raise ValueError(
-                "filter_groups_metric must be 'reward' or a reward function's name, got "
-                f"{self.filter_groups_metric!r}"
-            )
-        if not isinstance(self.max_num_gen_batches, int) or isinstance(
-            self.max_num_gen_batches, bool
-        ):
-            raise ValueError(
-                f"max_num_gen_batches must be an integer (<= 0: no cap), got "
-                f"{self.max_num_gen_batches!r}"
-            )
-        size = self.over_sampling_batch_size
-        if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 1):
-            raise ValueError(
-                f"over_sampling_batch_size must be an integer >= 1 (prompts per round) or None, "
-                f"got {size!r}"
-            )
-
-    def samples_groups(self) -> bool:
-        """Whether training batches take `group_sampling`'s rounds (or a partial rollout's)."""
-        return self.filter_groups is not None or self.over_sampling_batch_size is not None
-
-    def off_policy_correction(self) -> OffPolicyCorrection | None:
-        if self.is_correction is None:
-            return None
-        return OffPolicyCorrection.parse(
-            self.is_correction, self.is_threshold, self.is_threshold_lower, self.is_rejection
-        )
-
-    def _map_onto_tunix_main(self) -> None:
-        """tunix main's GRPO has its own rollout-logprob switches (`use_rollout_logps`, default
-        True, and `sampler_is`): set them from ours, so tunix does what we do once and never
-        twice (left at its defaults, it would take the rollout logprobs as old logprobs under
-        our `use_rollout_logprobs=False`, and its TIS would correct a second time). tunix
-        main's `sampler_is="token"` with `sampler_is_threshold=C` is our
-        `is_correction="token-truncate", is_threshold=C` (same formula); we compute the
-        weights ourselves so both tunix releases train the same way."""
-        names = {f.name for f in dataclasses.fields(self)}
-        if "sampler_is" in names and self.sampler_is is not None:
-            raise ValueError(
-                f"RolloutGRPOConfig: sampler_is={self.sampler_is!r} is tunix main's TIS; set "
-                "is_correction='token-truncate' and is_threshold (with "
-                "use_rollout_logprobs=False) instead"
-            )
-        if "use_rollout_logps" in names:
-            if not self.use_rollout_logps and self.use_rollout_logprobs:
-                raise ValueError(
-                    "RolloutGRPOConfig: use_rollout_logps=False (tunix main's name) contradicts "
-                    "use_rollout_logprobs=True; set use_rollout_logprobs=False"
-                )
-            self.use_rollout_logps = self.use_rollout_logprobs
-
-    def egpo_settings(self) -> egpo.EgpoSettings:
-        return egpo.EgpoSettings(
-            egpo_lambda=self.egpo_lambda,
-            egpo_alpha=self.egpo_alpha,
-            think_start_id=self.think_start_id,
-            think_end_id=self.think_end_id,
-        )
 
 
 class RolloutGRPOLearner(GRPOLearner):
@@ -245,53 +78,10 @@ class RolloutGRPOLearner(GRPOLearner):
         super().__init__(rl_cluster=rl_cluster, algo_config=algo_config, **kwargs)
         self._batch = threading.local()  # trainer_logps, estimator_inputs: this thread's batch
         if algo_config.routing_replay:
-            self._replay_in_loss()
+            learner_replay.replay_in_loss(rl_cluster.actor_trainer)
         self._train_iterator = None  # tunix's, for the rounds' extra prompts
-        self._sampler = self._group_sampler()
-
-    def _group_sampler(self) -> group_sampling.GroupSampler | None:
-        """The rounds of dynamic sampling (`group_sampling.py`), None where training batches
-        are sampled once (no filter, no over-sampling, no partial rollouts)."""
-        cfg, rollout = self.algo_config, self.rl_cluster.rollout
-        partial = bool(getattr(rollout, "partial_rollout", False))
-        if cfg.mask_offpolicy_in_partial_rollout and not partial:
-            raise ValueError(
-                "mask_offpolicy_in_partial_rollout=True needs a rollout with partial rollouts "
-                "(build_cluster(partial_rollout=True))"
-            )
-        if not (cfg.samples_groups() or partial):
-            return None
-        if not hasattr(rollout, "generate_groups"):
-            raise ValueError(
-                "filter_groups and over_sampling_batch_size need SglangJaxRollout (its "
-                f"generate_groups); this cluster's rollout is {type(rollout).__name__}"
-            )
-        if jax.process_count() > 1:
-            raise ValueError(
-                "filter_groups, over_sampling_batch_size and partial rollouts run in one JAX "
-                f"process for now (this run has {jax.process_count()} processes)"
-            )
-        if partial and not (
-            cfg.use_rollout_logprobs
-            or cfg.mask_offpolicy_in_partial_rollout
-            or cfg.off_policy_correction() is not None
-        ):
-            logger.warning(
-                "partial rollouts with the trainer as the old policy and neither "
-                "mask_offpolicy_in_partial_rollout nor is_correction: tokens of older policy "
-                "versions train as if the current policy had sampled them"
-            )
-        return group_sampling.GroupSampler(
-            n=cfg.num_generations,
-            filter_rule=cfg.filter_groups,
-            metric=cfg.filter_groups_metric,
-            max_num_gen_batches=cfg.max_num_gen_batches,
-            over_sampling_batch_size=cfg.over_sampling_batch_size,
-            filter_timing=cfg.filter_timing,
-            generate=self._generate_round,
-            score=self._score_round,
-            draw=self._draw_micro_batch,
-            paused_keys=(lambda: rollout.paused_keys) if partial else None,
+        self._sampler = learner_rounds.group_sampler(
+            rl_cluster, algo_config, self.reward_manager, self._draw_micro_batch
         )
 
     def _prepare_data(self, *args, **kwargs):
@@ -305,46 +95,6 @@ class RolloutGRPOLearner(GRPOLearner):
         if self._train_iterator is None:
             raise StopIteration
         return next(self._train_iterator)
-
-    def _generate_round(self, prompts, keys, groups_needed, accept=None):
-        return self.rl_cluster.generate_groups(
-            prompts,
-            mode=Mode.TRAIN,
-            groups_needed=groups_needed,
-            keys=keys,
-            n=self.algo_config.num_generations,
-            accept=accept,
-        )
-
-    def _score_round(self, groups, output):
-        """The reward functions on a round's returned rows, as tunix calls them (the metrics
-        are buffered for the kept rows only, when tunix asks for the rewards)."""
-        fields = group_sampling.join_groups(groups)
-        prompts = list(fields.pop("prompts"))
-        if "mode" in fields:
-            raise ValueError(f"the training input already has a 'mode' field: {sorted(fields)}")
-        return self.reward_manager(
-            prompts=prompts, completions=output.text, mode=str(Mode.TRAIN), **fields
-        )
-
-    def _replay_in_loss(self) -> None:
-        """Wraps tunix's loss (set by `GRPOLearner.__init__`) so that its forward routes with
-        the example's `routed_experts` (`routing_replay.replaying`, inside the trace)."""
-        if jax.process_count() > 1:
-            raise ValueError(
-                "routing_replay runs in one JAX process: its trainer scoring does not yet gather "
-                f"every host's rows (this run has {jax.process_count()} processes)"
-            )
-        trainer = self.rl_cluster.actor_trainer
-        routing_replay.enable(trainer.model)
-        loss_fn = trainer.loss_fn
-
-        @functools.wraps(loss_fn)  # nnx.grad maps tunix's keyword inputs by its signature
-        def replayed_loss(model, train_example, *args, **kwargs):
-            with routing_replay.replaying(model, train_example.routed_experts):
-                return loss_fn(model, train_example, *args, **kwargs)
-
-        trainer.with_loss_fn(replayed_loss, has_aux=True)
 
     def _compute_rewards(self, prompts, completions, mode, **kwargs):
         # Called by tunix between generation and the advantage estimator: the moment to hand
@@ -412,7 +162,11 @@ class RolloutGRPOLearner(GRPOLearner):
         if trainer is not None and logprobs is not None:
             batch_metrics.update(metrics.mismatch_metrics(mask, logprobs, trainer))
         if self._batch.routing is not None:
-            batch_metrics.update(self._routing_metrics(example.prompt_ids, ids))
+            batch_metrics.update(
+                learner_replay.routing_metrics(
+                    self.rl_cluster, self._batch.routing, example.prompt_ids, ids, cfg.temperature
+                )
+            )
         if correction is not None:
             loss_mask, weights = apply_correction(
                 trainer, logprobs, mask, correction, ratio_in_loss=cfg.use_rollout_logprobs
@@ -420,10 +174,14 @@ class RolloutGRPOLearner(GRPOLearner):
             batch_metrics.update(
                 metrics.correction_metrics(mask, loss_mask, weights, logprobs, trainer, correction)
             )
-        lag = self._version_lag(mask)
+        lag = learner_rounds.version_lag(self.rl_cluster, mask)
         if lag is not None:
             stale = lag > 0
-            batch_metrics.update(self._partial_metrics(mask, lag, logprobs, trainer))
+            batch_metrics.update(
+                learner_rounds.partial_metrics(
+                    self.rl_cluster.rollout, mask, lag, logprobs, trainer
+                )
+            )
             if cfg.mask_offpolicy_in_partial_rollout:
                 loss_mask = np.asarray(loss_mask, bool) & ~stale
         if cfg.top_entropy_quantile is not None:
@@ -445,42 +203,13 @@ class RolloutGRPOLearner(GRPOLearner):
         )
         return RolloutTrainExample(**fields)
 
-    def _version_lag(self, mask: np.ndarray) -> np.ndarray | None:
-        """`[B, max_tokens]`: how many policy versions behind the rollout's current one each
-        completion token's sampler was (partial rollouts; 0 off the mask), None without
-        versions."""
-        versions = getattr(self.rl_cluster.batch_rollout, "versions", None)
-        if versions is None:
-            return None
-        padded = right_pad_values(versions, mask.shape[1]).astype(np.int64)
-        return np.where(mask, self.rl_cluster.rollout.policy_version - padded, 0)
-
-    def _partial_metrics(self, mask, lag, logprobs, trainer) -> metrics.Metrics:
-        """`partial_rollout/*`: the share of completion tokens an older version sampled, the
-        oldest lag, the rollout's paused and dropped groups, and the trainer/rollout gap on
-        the current version's tokens (the ones the current weights sampled)."""
-        rollout = self.rl_cluster.rollout
-        stale = lag > 0
-        out = {
-            "partial_rollout/offpolicy_token_frac": (
-                float(stale.sum() / max(mask.sum(), 1)),
-                np.mean,
-            ),
-            "partial_rollout/max_version_lag": (float(lag.max(initial=0)), np.max),
-            "partial_rollout/paused_groups": (float(rollout.paused_groups), np.mean),
-            "partial_rollout/dropped_stale_groups": (float(rollout.dropped_stale_groups), np.max),
-        }
-        current = mask & ~stale
-        if trainer is not None and logprobs is not None and current.any():
-            gap = np.abs(np.asarray(trainer, np.float64) - np.asarray(logprobs, np.float64))
-            out["partial_rollout/current_logp_abs_diff_max"] = (float(gap[current].max()), np.max)
-        return out
-
     def _batch_routing(self, prompt_width: int, width: int) -> np.ndarray | None:
-        """This batch's routing (`_rollout_routing`), read once per batch: the old policy's
-        scoring may need it inside tunix's `_generate_and_compute_advantage`."""
+        """This batch's routing (`learner_replay.rollout_routing`), read once per batch: the old
+        policy's scoring may need it inside tunix's `_generate_and_compute_advantage`."""
         if self._batch.routing is None:
-            self._batch.routing = self._rollout_routing(prompt_width, width)
+            self._batch.routing = learner_replay.rollout_routing(
+                self.rl_cluster, self.algo_config.routing_replay, prompt_width, width
+            )
         return self._batch.routing
 
     def _replayed_actor_logps(self, prompt_tokens, completion_tokens, *args, **kwargs):
@@ -489,30 +218,6 @@ class RolloutGRPOLearner(GRPOLearner):
         iteration's ratio is 1 where the trainer alone would route otherwise."""
         del args, kwargs  # pad / eos / micro-batch / temperature: the learner's own
         return jnp.asarray(self._trainer_scores(prompt_tokens, completion_tokens))
-
-    def _rollout_routing(self, prompt_width: int, width: int) -> np.ndarray | None:
-        """The last rollout's routed experts in the trainer's input layout, None where the
-        rollout returned none (a dense model); ValueError under `routing_replay` then."""
-        out = self.rl_cluster.batch_rollout
-        if getattr(out, "routed_experts", None) is None and not self.algo_config.routing_replay:
-            return None
-        return routing_replay.input_routing(out, prompt_width, width)  # raises without them
-
-    def _routing_metrics(self, prompt_ids, completion_ids) -> metrics.Metrics:
-        """`rollout/routing_mismatch_frac` (overall and per layer): the share of the batch's
-        input positions whose experts the trainer, routing itself, would choose otherwise."""
-        _, used = routing_replay.routing_and_logps(
-            self.rl_cluster.actor_trainer.model,
-            jnp.asarray(prompt_ids),
-            jnp.asarray(completion_ids),
-            None,
-            pad_id=self.rl_cluster.rollout.pad_id(),
-            eos_id=self.rl_cluster.rollout.eos_id(),
-            temperature=self.algo_config.temperature,
-        )
-        routing = self._batch.routing
-        frac = routing_replay.mismatch_frac(routing, np.asarray(used), routing[..., 0, 0] >= 0)
-        return metrics.routing_metrics(frac)
 
     def _old_policy_answer(self, mode: Mode):
         """tunix 0.1.7 scores the old policy (`num_iterations > 1`) with the rollout engine at
@@ -555,21 +260,13 @@ class RolloutGRPOLearner(GRPOLearner):
         return self._batch.trainer_logps
 
     def _replayed_scores(self, prompt_ids, completion_ids) -> np.ndarray:
-        """The trainer's logprobs of the sampled tokens routed as the rollout routed them,
-        under the weights that sampled them (the anchor state, as tunix scores)."""
+        """`learner_replay.replayed_scores` of this batch, under the weights that sampled it."""
         if not self.should_sync_weights:
             self.rl_cluster.snapshot_policy()
         routing = self._batch_routing(prompt_ids.shape[1], completion_ids.shape[1])
-        logps, _ = routing_replay.routing_and_logps(
-            self.rl_cluster.anchor_model(),
-            jnp.asarray(prompt_ids),
-            jnp.asarray(completion_ids),
-            jnp.asarray(routing),
-            pad_id=self.rl_cluster.rollout.pad_id(),
-            eos_id=self.rl_cluster.rollout.eos_id(),
-            temperature=self.algo_config.temperature,
+        return learner_replay.replayed_scores(
+            self.rl_cluster, routing, prompt_ids, completion_ids, self.algo_config.temperature
         )
-        return np.asarray(logps, np.float32)
 
     def _rollout_arrays(self, mode: Mode):
         """(completion ids, mask, logprobs or None, entropy) `[B, max_tokens]` of the last

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tunix_adapter.check import _greedy_agrees
+from tunix_adapter.check_verdicts import _greedy_agrees
 
 
 def test_a_near_tie_agrees_only_within_the_tolerance():

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tunix_adapter.cluster import _memory_release
+from tunix_adapter.memory_release import release_option as _memory_release
 
 
 def test_the_default_releases_the_kv_pool_only_on_shared_devices():

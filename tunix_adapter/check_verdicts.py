@@ -1,0 +1,172 @@
+"""The pre-flight's checks on a built trainer and rollout: `verdicts`, one row each.
+
+Owns the measurements and limits of the checks `check.py`'s docstring lists (greedy tokens,
+logprob fidelity, weight sync, alignment, LoRA, the pad id in prompts, MoE routing) and the
+tolerances by engine dtype. It must not build or shut down trainer or engine (`check.run`
+does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from tunix_adapter.check_config import CheckConfig, rollout_config
+from tunix_adapter.check_prompts import long_prompts
+from tunix_adapter.check_table import Verdict
+from tunix_adapter.check_weights import lora_update_error, perturbed, small_adapters
+
+F32_TOLERANCE = 1e-4
+BF16_TOLERANCE = 0.1
+
+
+def _greedy_agrees(tokens: np.ndarray, logits: np.ndarray, near_tie: float) -> np.ndarray:
+    """Per position: the engine's greedy token is the trainer's argmax, or its trainer logprob
+    is within `near_tie` nats of the argmax's (a near-tie that rounding decides)."""
+    logits = logits.astype(np.float64)
+    top = logits.max(-1)
+    chosen = np.take_along_axis(logits, tokens[:, None], -1)[:, 0]
+    return (tokens == logits.argmax(-1)) | (top - chosen <= near_tie)
+
+
+def verdicts(
+    config: CheckConfig,
+    rollout,
+    trainer,
+    lora: dict | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> list[Verdict]:
+    """Every check on an existing rollout and trainer model (`run` builds both). With `lora`,
+    the trainer carries qwix adapters and the sync check sends only those, as tunix does.
+    `progress` gets a line as each stage starts."""
+    say = progress or (lambda line: None)
+    from flax import nnx
+
+    from tunix_adapter import routing_replay
+    from tunix_adapter.scoring import before_pad, replays, trainer_scores
+
+    replay = replays(rollout, trainer)
+    tolerance = BF16_TOLERANCE if _engine_dtype(rollout) == "bfloat16" else F32_TOLERANCE
+    limit = f"<= {tolerance:g}"
+    prompts = long_prompts(rollout.engine.tokenizer, config.prompts, config.prompt_tokens)
+    pad = rollout.pad_id()
+    ids = rollout.prompt_token_ids(prompts, rollout_config(config, 1.0).max_prompt_length)
+    pad_row = pad_in_prompts(ids, pad, rollout.engine.tokenizer.convert_ids_to_tokens(pad))
+    if not pad_row.ok:
+        return [pad_row]
+    outputs = []
+    rows_of = (
+        f"{len(ids)} prompts of {'/'.join(str(len(i)) for i in ids)} tokens x {config.samples}"
+    )
+
+    def fidelity(temperature: float) -> float:
+        say(f"sampling and scoring at T={temperature:g} ({rows_of}, {config.max_tokens} new)")
+        out = rollout.generate(prompts, rollout_config(config, temperature), n=config.samples)
+        outputs.append(out)
+        reference, _ = trainer_scores(rollout, trainer, out, temperature, replay)
+        return max(
+            float(np.abs(np.asarray(lp)[:k] - reference[i, :k]).max(initial=0.0))
+            for i, (lp, k) in enumerate(
+                (lp, before_pad(t, pad)) for lp, t in zip(out.logprobs, out.tokens, strict=True)
+            )
+        )
+
+    say(f"greedy tokens against the trainer's argmax ({rows_of}, {config.max_tokens} new)")
+    greedy = rollout.generate(
+        prompts, rollout_config(config, 1.0), temperature=0.0, n=config.samples
+    )
+    outputs.append(greedy)
+    _, logits = trainer_scores(rollout, trainer, greedy, 1.0, replay)
+    near_tie = 0.0 if tolerance == F32_TOLERANCE else tolerance
+    agree = [
+        _greedy_agrees(np.asarray(t)[:k], logits[i, :k], near_tie)
+        for i, (t, k) in enumerate((t, before_pad(t, pad)) for t in greedy.tokens)
+    ]
+    share = float(np.mean(np.concatenate(agree)))
+    need = 1.0 if tolerance == F32_TOLERANCE else 0.9
+    rows = [
+        Verdict(
+            f"greedy tokens = trainer argmax (share, from {config.prompt_tokens})",
+            share,
+            f">= {need:g}",
+            share >= need,
+        )
+    ]
+    for temperature in (1.0, 0.7):
+        diff = fidelity(temperature)
+        rows.append(
+            Verdict(f"logprob |diff| vs trainer, T={temperature}", diff, limit, diff <= tolerance)
+        )
+    if replay:
+        flipped = float(
+            routing_replay.own_routing_mismatch(
+                trainer, outputs[1], rollout.pad_id(), rollout.eos_id()
+            ).max()
+        )
+        judged = tolerance == F32_TOLERANCE
+        rows.append(
+            Verdict(
+                "MoE: positions routed otherwise without replay",
+                flipped,
+                "== 0" if judged else "reported",
+                flipped == 0 or not judged,
+            )
+        )
+
+    kind = nnx.LoRAParam if lora else nnx.Param
+    say("update_params with perturbed " + ("LoRA adapters" if lora else "weights"))
+    state = nnx.state(trainer, kind)
+    nnx.update(trainer, perturbed(state, scale=0.05, seed=config.seed + 1))
+    rollout.update_params(nnx.state(trainer, kind), (kind,))
+    diff = fidelity(1.0)
+    what = "LoRA adapters" if lora else "weights"
+    rows.append(
+        Verdict(f"after update_params (perturbed {what}), T=1.0", diff, limit, diff <= tolerance)
+    )
+
+    eos = rollout.eos_id()
+    misaligned = sum(
+        not (len(t) == len(lp) == len(h))
+        for out in outputs
+        for t, lp, h in zip(out.tokens, out.logprobs or [], out.entropy or [], strict=True)
+    )
+    early_stops = sum(
+        bool(np.isin(np.asarray(t)[:-1], [eos, pad]).any()) for out in outputs for t in out.tokens
+    )
+    if lora:
+        nnx.update(trainer, small_adapters(nnx.state(trainer, nnx.LoRAParam), config.seed + 2))
+        rollout.update_params(nnx.state(trainer, nnx.LoRAParam), (nnx.LoRAParam,))
+        error = lora_update_error(rollout, trainer)
+        lora_limit = 1e-2 if tolerance == BF16_TOLERANCE else 1e-5
+        rows.append(
+            Verdict(
+                f"LoRA update served, small B (rel. error, {_engine_dtype(rollout)})",
+                error,
+                f"<= {lora_limit:g}",
+                error <= lora_limit,
+            )
+        )
+    rows += [
+        Verdict(
+            "completions with len(logprobs|entropy) != tokens", misaligned, "== 0", not misaligned
+        ),
+        Verdict("completions with EOS / pad before the end", early_stops, "== 0", not early_stops),
+        Verdict("pad id == EOS id (trainer would mask EOS)", float(pad == eos), "== 0", pad != eos),
+        pad_row,
+    ]
+    return rows
+
+
+def pad_in_prompts(prompt_ids: list[list[int]], pad: int, token: str | None) -> Verdict:
+    """The row for the pad id inside the tested prompts: how many hold it (tunix would read
+    those tokens as padding), named by id."""
+    holding = sum(pad in ids for ids in prompt_ids)
+    return Verdict(f"prompts holding the pad id {pad} ({token})", holding, "== 0", not holding)
+
+
+def _engine_dtype(rollout) -> str:
+    import jax
+
+    leaves = jax.tree_util.tree_leaves(rollout.engine.engine_state())
+    return str(next(x.dtype for x in leaves if jax.numpy.issubdtype(x.dtype, jax.numpy.floating)))
