@@ -7,18 +7,8 @@ which mix n = 1 / 2 / 4, temperatures 0 / 0.7 / 1, top-p / top-k / min-p, penalt
 min_new_tokens, stop strings, `eos_tokens` (common tokens of the previous call, so they do
 end completions), `ignore_eos`, several `max_tokens_to_generate`, and prompts of 1..250
 tokens (with BOS). Every call is followed by `update_params` with the engine's own weights.
-Each completion is checked:
-- `lengths`: tokens, logprobs and entropy of one length, 1..max_tokens_to_generate;
-- `values`: logprobs finite and <= 0, entropy finite and >= 0;
-- `rescore`: where the request sampled at temperature 1 with nothing that reshapes the
-  distribution (processed logprobs then equal raw ones), prefill re-scoring of the completion
-  (`engine.score`) equals its logprobs within `RESCORE_ATOL`;
-- `stop_token_inside`: no stop id (model EOS, `eos_tokens`, pad) before the last token;
-- `stop_string_inside`: no stop string in the text of all tokens but the last;
-- `early_end`: a completion shorter than max_tokens_to_generate ends with a stop id or a
-  stop string; with `ignore_eos`, every completion has exactly max_tokens_to_generate tokens;
-- `min_new_tokens`: no completion shorter than min_new_tokens (calls without stop strings);
-- `stores`: the engine's per-request stores are empty after every call.
+Each completion is checked (`soak_checks`: lengths, values, rescore against `RESCORE_ATOL`, stop
+ids and stop strings inside, early end, min_new_tokens, and the engine's per-request stores).
 Resident memory (`settled_rss_bytes`) is read after one warm-up pass over every call kind and
 after each of the `cycles` calls that follow. A cycle that compiles (the sampler compiles once
 per static mode, batch padding and penalty-buffer bucket, so the first row of a kind at a new
@@ -36,10 +26,7 @@ tells a re-scorable request.
 from __future__ import annotations
 
 import collections
-import contextlib
-import ctypes
 import dataclasses
-import gc
 import time
 from pathlib import Path
 from typing import Any
@@ -47,9 +34,34 @@ from typing import Any
 import numpy as np
 
 from sgl_jax_rollout import rollout_inputs as inputs
-from sgl_jax_rollout.sampling.options import SamplingOptions
 from sgl_jax_rollout.utils.compiles import count_compiles
+from sgl_jax_rollout_apps.bench.resident_memory import rss_bytes, settled_rss_bytes
+from sgl_jax_rollout_apps.bench.soak_checks import (
+    BAD_KINDS,
+    MAX_FAILURES_LISTED,
+    RESCORE_ATOL,
+    Tally,
+    check_call,
+)
 from sgl_jax_rollout_apps.bench.workloads import WORDS
+
+__all__ = [
+    "BAD_KINDS",
+    "CALLS",
+    "MAX_FAILURES_LISTED",
+    "MAX_PROMPT_LENGTH",
+    "MAX_PROMPT_TOKENS",
+    "MAX_RSS_GROWTH_PCT",
+    "RESCORE_ATOL",
+    "SETTINGS",
+    "SOAK_WORDS",
+    "CallKind",
+    "check_sizes",
+    "rss_bytes",
+    "run",
+    "run_on",
+    "settled_rss_bytes",
+]
 
 # The tests' CPU settings (tests/conftest.py) with a KV pool of 4096 tokens, which 16 rows of
 # 256 + 40 tokens overflow, so the scheduler queues rows too. The rollout benchmark's batch
@@ -66,20 +78,8 @@ SETTINGS = dict(
 )
 MAX_PROMPT_TOKENS = 250  # with BOS
 MAX_PROMPT_LENGTH = 256  # RolloutConfig.max_prompt_length: no prompt is cut
-RESCORE_ATOL = 1e-4
 MAX_RSS_GROWTH_PCT = 5.0
 SOAK_WORDS = [*WORDS, "naïve", "café", "✓", "über", "hello,", "world!", "e", "zz", "."]
-BAD_KINDS = (
-    "lengths",
-    "values",
-    "rescore",
-    "stop_token_inside",
-    "stop_string_inside",
-    "early_end",
-    "min_new_tokens",
-    "stores",
-)
-MAX_FAILURES_LISTED = 10
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,7 +171,7 @@ def run_on(rollout, requests: int = 1000, cycles: int = 50, seed: int = 0) -> di
     model_stops = set(inputs.eos_ids(rollout.engine.model_path, rollout.eos_id()))
     model_stops |= {rollout.eos_id(), rollout.pad_id()}
     state = rollout.engine.engine_state()
-    tally = _Tally()
+    tally = Tally()
     previous: list[np.ndarray] = []
     growth_outside_compiles = 0
     cycles_with_compiles = compiles_during_cycles = 0
@@ -183,9 +183,7 @@ def run_on(rollout, requests: int = 1000, cycles: int = 50, seed: int = 0) -> di
         config = _rollout_config(kind, eos_tokens, seed=int(rng.integers(0, 2**31)))
         with count_compiles() as compiles:
             out = rollout.generate(batches[call_index], config, **kind.overrides)
-            _check_call(
-                rollout, tally, call_index, kind, config, out, model_stops | set(eos_tokens)
-            )
+            check_call(rollout, tally, call_index, kind, config, out, model_stops | set(eos_tokens))
             rollout.update_params(state)
         previous = out.tokens
         sizes = rollout.engine.store_sizes()
@@ -246,152 +244,6 @@ def _rollout_config(kind: CallKind, eos_tokens: list[int], seed: int):
     )
 
 
-class _Tally:
-    def __init__(self) -> None:
-        self.completions = 0
-        self.rescored = 0
-        self.max_diff = 0.0
-        self.prompt_lengths: list[int] = []
-        self.ended_by: collections.Counter[str] = collections.Counter()
-        self.bad_by_kind = dict.fromkeys(BAD_KINDS, 0)
-        self.failures: list[dict[str, Any]] = []
-
-    def bad(self, kind: str, call: int | None, row: int | None, detail: str) -> None:
-        self.bad_by_kind[kind] += 1
-        if len(self.failures) < MAX_FAILURES_LISTED:
-            self.failures.append({"kind": kind, "call": call, "row": row, "detail": detail})
-
-
-def _check_call(rollout, tally: _Tally, call_index: int, kind, config, out, stop_ids) -> None:
-    options = inputs.options_for_call(SamplingOptions(), config, kind.overrides)
-    tokenizer = rollout.engine.tokenizer
-    prompts = inputs.prompt_rows(out.left_padded_prompt_tokens, rollout.pad_id())
-    tally.prompt_lengths.extend(len(p) for p in prompts)
-    tally.completions += len(out.tokens)
-    where = f"{kind.name} (call {call_index})"
-    rescorable = []
-    for row, tokens in enumerate(out.tokens):
-        tokens = np.asarray(tokens).tolist()
-        logprobs = np.asarray(out.logprobs[row], np.float64)
-        entropy = np.asarray(out.entropy[row], np.float64)
-        if not (len(tokens) == len(logprobs) == len(entropy)) or not (
-            1 <= len(tokens) <= config.max_tokens_to_generate
-        ):
-            tally.bad(
-                "lengths",
-                call_index,
-                row,
-                f"{where}: {len(tokens)} tokens, {len(logprobs)} logprobs, {len(entropy)} "
-                f"entropies, max_tokens_to_generate {config.max_tokens_to_generate}",
-            )
-            continue
-        if not (np.all(np.isfinite(logprobs)) and np.all(logprobs <= 1e-6)) or not (
-            np.all(np.isfinite(entropy)) and np.all(entropy >= -1e-6)
-        ):
-            tally.bad("values", call_index, row, f"{where}: logprobs {logprobs} entropy {entropy}")
-        ended = _ending(tally, call_index, row, where, tokens, options, stop_ids, tokenizer)
-        if options.ignore_eos:
-            if len(tokens) != config.max_tokens_to_generate:
-                tally.bad(
-                    "early_end", call_index, row, f"{where}: ignore_eos but {len(tokens)} tokens"
-                )
-        elif len(tokens) < config.max_tokens_to_generate and ended == "length":
-            tally.bad(
-                "early_end",
-                call_index,
-                row,
-                f"{where}: {len(tokens)} of {config.max_tokens_to_generate} tokens, no stop "
-                f"id or stop string at the end: {tokens[-4:]}",
-            )
-        if not options.stop and len(tokens) < min(
-            options.min_new_tokens, config.max_tokens_to_generate
-        ):
-            tally.bad(
-                "min_new_tokens",
-                call_index,
-                row,
-                f"{where}: {len(tokens)} tokens, min_new_tokens {options.min_new_tokens}",
-            )
-        if _rescorable(options):
-            rescorable.append(row)
-    if not rescorable:
-        return
-    scores = rollout.engine.score(
-        [prompts[r] for r in rescorable], [np.asarray(out.tokens[r]).tolist() for r in rescorable]
-    )
-    for row, score in zip(rescorable, scores, strict=True):
-        logprobs = np.asarray(out.logprobs[row], np.float64)
-        tally.rescored += 1
-        if len(score) != len(logprobs):
-            tally.bad(
-                "rescore",
-                call_index,
-                row,
-                f"{where}: {len(score)} scores for {len(logprobs)} logprobs",
-            )
-            continue
-        diff = float(np.max(np.abs(np.asarray(score, np.float64) - logprobs)))
-        tally.max_diff = max(tally.max_diff, diff)
-        if not diff <= RESCORE_ATOL:
-            position = int(np.argmax(np.abs(np.asarray(score, np.float64) - logprobs)))
-            tally.bad(
-                "rescore",
-                call_index,
-                row,
-                f"{where}: |rescored - sampled logprob| {diff:.3g} at position {position} "
-                f"of {len(logprobs)} (prompt {len(prompts[row])} tokens)",
-            )
-
-
-def _ending(tally, call_index, row, where, tokens, options, stop_ids, tokenizer) -> str:
-    """Checks stop ids and stop strings inside a completion; returns what ended it."""
-    if options.ignore_eos:
-        tally.ended_by["length"] += 1
-        return "length"
-    inside = [(i, t) for i, t in enumerate(tokens[:-1]) if t in stop_ids]
-    if inside:
-        tally.bad(
-            "stop_token_inside",
-            call_index,
-            row,
-            f"{where}: stop id {inside[0][1]} at position {inside[0][0]} of {len(tokens)}",
-        )
-    head = tokenizer.decode(tokens[:-1])
-    found = [s for s in options.stop if s in head]
-    if found:
-        tally.bad(
-            "stop_string_inside",
-            call_index,
-            row,
-            f"{where}: stop string {found[0]!r} before the last token: {head!r}",
-        )
-    if tokens[-1] in stop_ids:
-        ended = "stop_token"
-    elif any(s in tokenizer.decode(tokens) for s in options.stop):
-        ended = "stop_string"
-    else:
-        ended = "length"
-    tally.ended_by[ended] += 1
-    return ended
-
-
-def _rescorable(options: SamplingOptions) -> bool:
-    """Processed logprobs equal the model's raw log-softmax: temperature 1, nothing cut or
-    penalised, no stop id masked by min_new_tokens."""
-    return (
-        options.return_logprobs
-        and options.logprobs_mode == "processed"
-        and options.temperature == 1.0
-        and options.top_k == -1
-        and options.top_p == 1.0
-        and options.min_p == 0.0
-        and options.repetition_penalty == 1.0
-        and options.frequency_penalty == 0.0
-        and options.presence_penalty == 0.0
-        and options.min_new_tokens == 0
-    )
-
-
 def _prompt_text(tokenizer, target: int, rng: np.random.Generator) -> str:
     """Random words whose token count plus BOS is at most `target` (and close to it); "" for
     a BOS-only prompt."""
@@ -417,26 +269,3 @@ def _common_tokens(completions: list[np.ndarray], exclude: set[int]) -> list[int
         t for c in completions for t in np.asarray(c).tolist() if t not in exclude
     )
     return [int(t) for t, _ in counts.most_common(4)[2:]]
-
-
-def settled_rss_bytes() -> int:
-    """Resident memory of live objects: VmRSS after a garbage collection and glibc's
-    `malloc_trim`, which hands freed heap pages back to the system.
-
-    Untrimmed, VmRSS swings by up to ~100 MB (15% of the tiny model's process) with the last
-    call's transient prefill and scoring buffers, freed but still cached by the allocator; a
-    leak keeps its memory live, so trimming does not hide one.
-    """
-    gc.collect()
-    with contextlib.suppress(AttributeError, OSError):  # not glibc: VmRSS as it is
-        ctypes.CDLL(None).malloc_trim(0)
-    return rss_bytes()
-
-
-def rss_bytes() -> int:
-    """Resident set size of this process (VmRSS of /proc/self/status; Linux)."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS line in /proc/self/status")

@@ -3,13 +3,14 @@ replaced here by a test double that records its config, runs in
 tests/tunix_adapter/test_check_engine.py and test_families_engine.py)."""
 
 from sgl_jax_rollout_apps import cli
+from sgl_jax_rollout_apps.commands import check as check_command
 
 
 def test_page_size_attention_and_dtype_flags_reach_the_engine_settings(monkeypatch):
     from tunix_adapter import check
 
     seen = []
-    monkeypatch.setattr(cli, "_engine_missing", lambda *args: False)
+    monkeypatch.setattr(check_command, "engine_missing", lambda *args: False)
     monkeypatch.setattr(check, "run", lambda config, progress=None: seen.append(config) or [])
     flags = ["--page-size", "64", "--native-attention", "upstream", "--dtype", "bfloat16"]
     assert cli.main(["check", "--model-path", "m", *flags]) == 0
