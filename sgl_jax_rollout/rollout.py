@@ -10,7 +10,6 @@ in `sgl_jax_rollout.engine`, sampling math in `sgl_jax_rollout.sampling`.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -28,33 +27,23 @@ from sgl_jax_rollout.engine.settings import EngineSettings
 from sgl_jax_rollout.pad_id import pad_safe
 from sgl_jax_rollout.partial import PausedGroups
 from sgl_jax_rollout.request_policy import RequestPolicy
+from sgl_jax_rollout.rollout_memory import RolloutMemory
 from sgl_jax_rollout.rollout_output import RolloutOutputWithEntropy
 from sgl_jax_rollout.sampling.options import SamplingOptions
 from sgl_jax_rollout.tunix_compat import BaseRollout, RolloutConfig, TokenizerAdapter
 
 
-class SglangJaxRollout(BaseRollout):
+class SglangJaxRollout(RolloutMemory, BaseRollout):
     """Rollout worker on sgl-jax with our sampler: tokens, logprobs and entropy per token.
 
     Built by tunix's cluster as `rollout_engine(rollout_actor=, tokenizer=, mesh=,
-    rollout_config=)`; our own options come through `functools.partial`: `model_path` (an HF
-    model directory; default: the built-in tiny model), `engine_settings` (`EngineSettings` or
-    a dict), `sampling` (`SamplingOptions` or a dict: defaults for what `RolloutConfig` lacks,
-    such as penalties, min_p, entropy settings), `use_generation_config` (take those defaults
-    from generation_config.json first; off, since a checkpoint's sampling defaults would make
-    every rollout off-policy), `sync_actor_weights` (serve `rollout_actor`'s weights from the
-    start), `lora_scaling` (qwix's alpha / rank for a LoRA actor whose qwix rules cannot be
-    read; they are read where they can be, per module). A LoRA actor's adapters are served
-    unmerged, on sgl-jax's static LoRA path (`engine.lora`). `RolloutConfig`'s temperature /
-    top_p / top_k always win. With a `mesh`, the engine uses its devices. `pad_id` (default:
-    chosen, `sgl_jax_rollout.pad_id`) is the id handed to tunix for padding: never one a prompt
-    or completion holds, so never EOS (checkpoints that ship pad = EOS get another id, logged).
-    `partial_rollout` (slime `--partial-rollout`): `generate_groups` pauses the groups it does
-    not need instead of dropping them, and continues them at its next call, after the weight
-    update, first; `max_staleness` (default 1) drops a paused group whose oldest token is more
-    policy versions old than that.
-    Policies (BOS, stop and pad ids, seeds, limits) live in `request_policy`; this class
-    translates tunix's vocabulary and nothing else.
+    rollout_config=)`; our own options (`model_path`, `engine_settings`, `sampling`,
+    `use_generation_config`, `sync_actor_weights`, `lora_scaling`, `seed`, `pad_id`,
+    `partial_rollout`, `max_staleness`) come through `functools.partial`: docs/guide.md, "The
+    rollout", says each with its default. `RolloutConfig`'s temperature / top_p / top_k always
+    win. This class translates tunix's vocabulary and nothing else: policies (BOS, stop and
+    pad ids, seeds, limits) live in `request_policy`, a call's orchestration in `rollout_call`
+    and `partial_call`.
     """
 
     def __init__(
@@ -143,13 +132,8 @@ class SglangJaxRollout(BaseRollout):
         `prompts` may be empty while groups are paused (the call continues those alone).
         `max_tokens_per_sample`: each new sample's own max new tokens (`len(prompts) * n`
         integers in [1, `max_tokens_to_generate`], a group's samples adjacent); a paused
-        sample keeps its own across calls, capped by each call's limit.
-
-        Early stop favours the groups that finish first, so short completions: the bias every
-        over-sampling stack accepts for the wait it saves."""
-        keys = list(range(len(prompts))) if keys is None else list(keys)
-        if len(keys) != len(prompts):
-            raise ValueError(f"keys has {len(keys)} entries for {len(prompts)} prompts")
+        sample keeps its own across calls, capped by each call's limit. Early stop favours the
+        groups that finish first, so short completions (docs/guide.md, "Groups")."""
         request = rollout_call.GroupsRequest(
             prompts, rollout_config, groups_needed, keys, max_tokens_per_sample, kwargs, accept
         )
@@ -232,40 +216,6 @@ class SglangJaxRollout(BaseRollout):
         base, lora = split_update(params, self._actor)
         self._engine.update_weights(base, lora=lora)
         self.policy_version += 1
-
-    def release_memory(
-        self,
-        weights: bool = False,
-        resume_on_use: bool = False,
-        restore: Callable[[], Any] | None = None,
-    ) -> dict[str, int]:
-        """Frees the engine's KV pool on the devices (and with `weights` its parameters) while
-        the trainer runs; waits for a running call first. Returns the bytes freed
-        (`{"kv_bytes": ..., "weight_bytes": ...}`). Until `resume_memory`, `generate`, scoring
-        and sessions raise RuntimeError naming the release (`engine.memory`); with
-        `resume_on_use` the first of them (or `update_params`) resumes first instead. With
-        weights released, such a call needs `restore` (weights and resume_on_use only): it
-        returns the state to serve again, as `update_params` takes it (the one last passed
-        there: the policy version stays); without it the call raises until `update_params`."""
-        back = None if restore is None else (lambda: split_update(restore(), self._actor))
-        released = self._engine.release_memory(weights, resume_on_use, back)
-        return {"kv_bytes": released.kv_bytes, "weight_bytes": released.weight_bytes}
-
-    def resume_memory(self) -> None:
-        """Brings the KV pool back, empty (the prefix cache was flushed), with the same shapes
-        and shardings: nothing recompiles. After `release_memory(weights=True)` the next
-        `update_params` must come before any `generate` (which raises until then)."""
-        self._engine.resume_memory()
-
-    @contextlib.contextmanager
-    def released_memory(self, weights: bool = False):
-        """`with rollout.released_memory(): train()`: released inside, resumed on the way out
-        (also when the block raises). Yields `release_memory`'s byte counts."""
-        freed = self.release_memory(weights)
-        try:
-            yield freed
-        finally:
-            self.resume_memory()
 
     def pad_id(self) -> int:
         return self._tokenizer.pad_id()

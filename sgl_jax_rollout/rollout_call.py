@@ -106,7 +106,7 @@ def sample_groups(
     return output, kept
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class GroupsRequest:
     """A `generate_groups` call's arguments (`SglangJaxRollout.generate_groups` says what each
     means): `keys[i]` names `prompts[i]`; `overrides` are the per-call `SamplingOptions`."""
@@ -114,10 +114,17 @@ class GroupsRequest:
     prompts: list[str]
     rollout_config: RolloutConfig
     groups_needed: int
-    keys: list[Any]
+    keys: list[Any] | None
     max_tokens_per_sample: Sequence[int] | None
     overrides: dict[str, Any]
     accept: Callable[[Any, list[str]], bool] | None
+
+    def __post_init__(self) -> None:
+        """Keys default to the prompts' indexes; a wrong count raises before the engine."""
+        given = self.keys
+        self.keys = list(range(len(self.prompts))) if given is None else list(given)
+        if len(self.keys) != len(self.prompts):
+            raise ValueError(f"keys has {len(self.keys)} entries for {len(self.prompts)} prompts")
 
 
 def generate_groups(
