@@ -1,8 +1,9 @@
 """Loading an HF checkpoint directory into tunix's nnx model (the trainer's copy).
 
 Owns the translation of an HF `config.json` into tunix's `ModelConfig` for the architectures
-tunix ships (qwen3 dense and MoE, qwen2, llama, Gemma 2 through `tunix.models.gemma`, dense Gemma 4
-through `tunix.models.gemma4`, `gemma4_config`) and the call to
+tunix ships (qwen3 dense and MoE, qwen2, llama, Gemma 2 through `tunix.models.gemma`, Gemma 3
+text through `tunix.models.gemma3`, `gemma3_config`, dense Gemma 4 through `tunix.models.gemma4`,
+`gemma4_config`) and the call to
 tunix's own safetensors loader. tunix's Gemma fixes what Gemma 2's config could set otherwise
 (RoPE base 10,000, norm epsilon 1e-6, query scale `head_dim ** -0.5`; `models/gemma/
 model.py:288, 420, 715`): a config that differs is refused by name, never served against a
@@ -20,6 +21,7 @@ import jax
 
 from sgl_jax_rollout import tunix_compat
 from sgl_jax_rollout.utils import model_dir as model_dir_lib
+from tunix_adapter.gemma3_config import gemma3_config
 from tunix_adapter.gemma4_config import gemma4_config
 from tunix_adapter.gemma_window import fix_sliding_window
 from tunix_adapter.rope import fix_rope, rope_config
@@ -51,12 +53,14 @@ def _config_of(hf: dict[str, Any]):
     if model_type == "gemma2":
         fix_sliding_window()  # tunix's window counts a left-padded row's padding
         return _gemma2_config(hf), "gemma"
+    if model_type == "gemma3_text":
+        return gemma3_config(hf), "gemma3"
     if model_type == "gemma4":
         return gemma4_config(hf), "gemma4"
     if model_type not in _TUNIX_MODELS:
         raise ValueError(
             "config.json model_type must be one of "
-            f"{sorted([*_TUNIX_MODELS, 'gemma2', 'gemma4'])}, got {model_type!r}"
+            f"{sorted([*_TUNIX_MODELS, 'gemma2', 'gemma3_text', 'gemma4'])}, got {model_type!r}"
         )
     package, tied_flag = _TUNIX_MODELS[model_type]
     model_lib = tunix_compat.model_module(package, "model")
@@ -160,6 +164,6 @@ def load_tunix_model(model_dir: str | Path, mesh: jax.sharding.Mesh | None = Non
     model_dir_lib.check_weights(model_dir)
     # tunix's Gemma packages name their safetensors loader's module differently
     params = tunix_compat.model_module(
-        package, "params_safetensors" if package in ("gemma", "gemma4") else "params"
+        package, "params_safetensors" if package.startswith("gemma") else "params"
     )
     return params.create_model_from_safe_tensors(str(model_dir), config, mesh=mesh)

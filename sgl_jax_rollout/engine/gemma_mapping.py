@@ -1,12 +1,14 @@
-"""tunix's Gemma 2 and Gemma 4 parameters in sgl-jax's Gemma 2 / Gemma 4 layouts.
+"""tunix's Gemma 2, 3 and 4 parameters in sgl-jax's Gemma 2 / our Gemma 3 / Gemma 4 layouts.
 
 Owns `engine_params`: tunix ships no sgl-jax mapping for its Gemmas (0.1.7 and main at
-c7d8950f: `tunix/models/gemma/` and `tunix/models/gemma4/` have no `mapping_sglang_jax`), so
+c7d8950f: `tunix/models/gemma/`, `gemma3/` and `gemma4/` have no `mapping_sglang_jax`), so
 the update of a Gemma engine maps here, name by name, every parameter of tunix's `Gemma` /
-`Gemma4` onto sgl-jax's `Gemma2ForCausalLM` (`srt/models/gemma2.py` at cddbf6f1,
-`_create_weight_mappings`) or `Gemma4ForConditionalGeneration` (`srt/models/gemma4.py`,
-`_create_gemma4_weight_mappings`): the HF names, linear weights stored `[in, out]`. The two
-families' tunix names do not collide, so one table serves both:
+`Gemma3` / `Gemma4` onto sgl-jax's `Gemma2ForCausalLM` (`srt/models/gemma2.py` at cddbf6f1,
+`_create_weight_mappings`), our `Gemma3ForCausalLM` (`engine/models/gemma3.py`, the same plus
+the q / k norms) or `Gemma4ForConditionalGeneration` (`srt/models/gemma4.py`,
+`_create_gemma4_weight_mappings`): the HF names, linear weights stored `[in, out]`. The
+families' tunix names do not collide (Gemma 3's are Gemma 2's with Gemma 4's norm names), so
+one table serves all three:
 
 | tunix | sgl-jax |
 |---|---|
@@ -19,10 +21,10 @@ families' tunix names do not collide, so one table serves both:
 | `layers.i.attn.attn_vec_einsum.w` `[N, H, D]` | `...self_attn.o_proj.weight` `[N * H, D]` |
 | `layers.i.mlp.{gate,up,down}_proj.kernel` | `...mlp.{gate,up,down}_proj.weight` (same layout) |
 | Gemma 4: `layers.i.attn.k_einsum.w` `[K, D, H]` (keys = values) | `...self_attn.k_proj.weight` |
-| Gemma 4: `layers.i.attn._{query,key}_norm.scale` | `...self_attn.{q,k}_norm.weight` |
+| Gemma 3 / 4: `layers.i.attn._{query,key}_norm.scale` | `...self_attn.{q,k}_norm.weight` |
 | Gemma 4: `layers.i.skip_scale` | `model.layers.i.layer_scalar` |
 
-Both sides keep the norm weights alike (Gemma 2: `w` of `x * (1 + w)`; Gemma 4: `x * w`). Pure
+Both sides keep the norm weights alike (Gemma 2 / 3: `w` of `x * (1 + w)`; Gemma 4: `x * w`). Pure
 jax.numpy reshapes:
 traced into the engine's update program.
 
@@ -44,7 +46,7 @@ from jaxtyping import Array
 _NORMS = {
     "pre_attention_norm": "input_layernorm",
     "post_attn_norm": "post_attention_layernorm",  # Gemma 2
-    "post_attention_norm": "post_attention_layernorm",  # Gemma 4
+    "post_attention_norm": "post_attention_layernorm",  # Gemma 3 / 4
     "pre_ffw_norm": "pre_feedforward_layernorm",
     "post_ffw_norm": "post_feedforward_layernorm",
     "attn._query_norm": "self_attn.q_norm",

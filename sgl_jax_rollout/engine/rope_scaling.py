@@ -11,6 +11,9 @@ sgl-jax at the pinned commit (`availability.PINNED_COMMIT`, cddbf6f1) builds RoP
   YaRN (as Qwen3 documents for long contexts) is served with unscaled RoPE, another function
   than the checkpoint's, whatever the trainer computes.
 
+Our own `Gemma3ForCausalLM` (`engine/models/gemma3.py`, registered by `patches.models`)
+applies "linear" on its full layers, as HF's Gemma 3 does (4B and up: factor 8).
+
 Owns `check_rope_scaling`: a ValueError naming `rope_scaling`, the architecture and what its
 engine model applies, for a scaling it would not apply. `rope_type: "default"` (HF's spelling
 of no scaling) is no scaling. An architecture missing from `APPLIED` is served with no
@@ -32,6 +35,7 @@ APPLIED: dict[str, tuple[str, ...]] = {
     "Qwen2ForCausalLM": (),
     "Qwen3ForCausalLM": (),
     "Qwen3MoeForCausalLM": (),
+    "Gemma3ForCausalLM": ("linear",),
 }
 
 

@@ -18,16 +18,14 @@ Must not import the trainer side or tunix.
 
 from __future__ import annotations
 
-import ast
 import dataclasses
-import functools
 import importlib
 import inspect
-import textwrap
 from collections.abc import Iterable
 from typing import Any
 
 from sgl_jax_rollout.engine.availability import PINNED_COMMIT
+from sgl_jax_rollout.engine.source_attributes import class_attributes
 
 ROOT = "sgl_jax.srt"
 
@@ -80,6 +78,18 @@ SYMBOLS: dict[str, tuple[str, str]] = {
         "get_global_experts_capturer",
     ),
     "get_target_module_name": ("lora.utils", "get_target_module_name"),
+    # engine/models/ (models sgl-jax lacks, built from its own layers) and their registry
+    "ModelRegistry": ("models.registry", "ModelRegistry"),
+    "ModelRegistryClass": ("models.registry", "_ModelRegistry"),
+    "Gemma2ForCausalLM": ("models.gemma2", "Gemma2ForCausalLM"),
+    "Gemma2Model": ("models.gemma2", "Gemma2Model"),
+    "Gemma2DecoderLayer": ("models.gemma2", "Gemma2DecoderLayer"),
+    "Gemma2MLP": ("models.gemma2", "Gemma2MLP"),
+    "GemmaRMSNorm": ("layers.layernorm", "GemmaRMSNorm"),
+    "RotaryEmbedding": ("layers.embeddings", "RotaryEmbedding"),
+    "Embed": ("layers.embeddings", "Embed"),
+    "LogitsProcessor": ("layers.logits_processor", "LogitsProcessor"),
+    "WeightMapping": ("utils.weight_utils", "WeightMapping"),
 }
 
 # Functions we wrap or call, and the parameters we pass or rely on ("Class.method" or a symbol).
@@ -148,6 +158,28 @@ FUNCTIONS: dict[str, tuple[str, ...]] = {
     "get_target_module_name": ("full_module_name", "target_modules"),
     "AbortReq": ("rid",),
     "FINISH_ABORT": ("message",),
+    # built on (engine/models/gemma3.py): the layers it makes and the Gemma 2 code it inherits
+    "Gemma2ForCausalLM._create_layer_mappings": ("self", "layer_idx"),
+    "Gemma2MLP.__init__": ("self", "hidden_size", "intermediate_size", "mesh", "layer_id", "dtype"),
+    "GemmaRMSNorm.__init__": ("self", "hidden_size", "epsilon"),
+    "RotaryEmbedding.__init__": (
+        *("self", "head_size", "rotary_dim", "max_position_embeddings", "base"),
+        *("is_neox_style", "dtype"),
+    ),
+    "RotaryEmbedding._compute_inv_freq": ("self", "base"),
+    "Embed.__init__": (
+        *("self", "num_embeddings", "features", "dtype", "param_dtype", "kernel_axes", "mesh"),
+    ),
+    "LinearBase.__init__": (
+        *("self", "input_size", "output_size", "mesh", "use_bias", "params_dtype"),
+        "kernel_axes",
+    ),
+    "RadixAttention.__init__": (
+        *("self", "num_heads", "head_dim", "scaling", "num_kv_heads", "layer_id"),
+        "sliding_window_size",
+    ),
+    "LogitsProcessor.__init__": ("self", "vocab_size", "mesh", "soft_cap"),
+    "WeightMapping": ("target_path", "sharding", "transpose"),
 }
 
 # Attributes we read (or write) on upstream objects, by class.
@@ -206,6 +238,15 @@ ATTRIBUTES: dict[str, tuple[str, ...]] = {
     "Llama3RotaryEmbedding": ("base", "_inv_freq_np"),
     "ForwardMode": ("DECODE",),
     "AttentionType": ("ENCODER_ONLY",),
+    # engine/models/gemma3.py: what the inherited Gemma 2 code reads; the registry we extend
+    "Gemma2ForCausalLM": ("mesh", "config", "dtype", "model", "logits_processor"),
+    "Gemma2Model": ("embed_tokens", "layers", "norm", "hidden_size"),
+    "Gemma2DecoderLayer": (
+        *("layer_id", "self_attn", "mlp", "input_layernorm", "post_attention_layernorm"),
+        *("pre_feedforward_layernorm", "post_feedforward_layernorm"),
+    ),
+    "RotaryEmbedding": ("_inv_freq_np",),
+    "ModelRegistryClass": ("models",),
 }
 
 # Module globals a patch replaces (patches/: sampler_class, scheduler_faulthandler,
@@ -338,43 +379,3 @@ def _pytree_problems(objects: dict[str, Any]) -> list[str]:
         if len(fields) != STOCK_METADATA_CHILDREN + 3:
             problems.append(f"SamplingMetadata fields changed: {fields}")
     return problems
-
-
-@functools.cache
-def class_attributes(cls: type) -> frozenset[str]:
-    """Every attribute an instance of `cls` can have, read from the classes of its MRO: class
-    members, dataclass fields and annotations, and `self.<name>` assignment targets in their
-    source (instance attributes exist only once an object is built)."""
-    names: set[str] = set()
-    for klass in cls.__mro__:
-        if klass is object:
-            continue
-        names.update(vars(klass))
-        names.update(getattr(klass, "__annotations__", {}))
-        if dataclasses.is_dataclass(klass):
-            names.update(f.name for f in dataclasses.fields(klass))
-        names.update(_assigned_self_attributes(klass))
-    return frozenset(names)
-
-
-def _assigned_self_attributes(klass: type) -> set[str]:
-    try:
-        source = textwrap.dedent(inspect.getsource(klass))
-    except (OSError, TypeError):
-        return set()
-    found = set()
-    for node in ast.walk(ast.parse(source)):
-        targets: list[ast.expr] = []
-        if isinstance(node, ast.Assign):
-            targets = node.targets
-        elif isinstance(node, ast.AnnAssign | ast.AugAssign):
-            targets = [node.target]
-        for target in targets:
-            for sub in ast.walk(target):
-                if (
-                    isinstance(sub, ast.Attribute)
-                    and isinstance(sub.value, ast.Name)
-                    and sub.value.id == "self"
-                ):
-                    found.add(sub.attr)
-    return found

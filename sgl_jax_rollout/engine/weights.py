@@ -1,8 +1,8 @@
 """Weight updates of the running engine: map, reshard, check, swap.
 
 Owns `WeightSwapper`: it takes either a tunix nnx state (qwen2, qwen3, llama3: mapped with
-tunix's own `mapping_sglang_jax` tables and `transfer_state_with_mappings`; Gemma 2 and
-Gemma 4, for which tunix has none, with `engine.gemma_mapping`; traced once into one jitted
+tunix's own `mapping_sglang_jax` tables and `transfer_state_with_mappings`; Gemma 2, 3 and
+4, for which tunix has none, with `engine.gemma_mapping`; traced once into one jitted
 program) or a pytree in the engine's own layout, puts every leaf on the sharding of the leaf it
 replaces, checks path, shape and dtype of every leaf, and only then swaps. A mismatch raises
 `ValueError` naming the parameter, and the engine keeps its old weights.
@@ -45,7 +45,7 @@ from sgl_jax_rollout.engine.moe_mapping import qwen3_moe_mapping
 # config.json model_type -> tunix model package with a mapping_sglang_jax module.
 TUNIX_FAMILIES = {"qwen3": "qwen3", "qwen3_moe": "qwen3", "qwen2": "qwen2", "llama": "llama3"}
 # config.json model_type of the families mapped by `engine.gemma_mapping`.
-GEMMA_TYPES = ("gemma2", "gemma4")
+GEMMA_TYPES = ("gemma2", "gemma3_text", "gemma4")
 
 
 class WeightSwapper:

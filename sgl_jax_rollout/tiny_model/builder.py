@@ -128,7 +128,8 @@ def make_tiny_model(
     elif layers is not None:
         raise ValueError("layers is for real_size models only")
     elif preset is not None:
-        shape = dataclasses.replace(shape, head_dim=preset.head_dim)
+        kv_heads = preset.kv_heads or shape.kv_heads
+        shape = dataclasses.replace(shape, head_dim=preset.head_dim, kv_heads=kv_heads)
         if shape.layers < family.min_layers:
             shape = dataclasses.replace(shape, layers=family.min_layers)
     out = Path(out_dir)

@@ -51,6 +51,8 @@ class LikePreset:
       scaling wants it above its original_max_position_embeddings, 8192, or HF warns).
     - head_dim: the checkpoint's attention head size (its config's `head_dim`, else hidden /
       heads), kept at every size: it sets the RoPE frequencies and the KV pool's padding.
+    - kv_heads: the checkpoint's KV head count where the replica keeps it (Gemma 3 1B: one),
+      else the tiny shape's.
     - real, real_vocab: the checkpoint's sizes and model vocabulary (`real_size=True`).
     """
 
@@ -61,6 +63,7 @@ class LikePreset:
     eos_with_bos: bool
     head_dim: int
     max_positions: int | None = None
+    kv_heads: int | None = None
     real: TinyShape | None = None
     real_vocab: int | None = None
 

@@ -5,8 +5,10 @@ markers, `<think>` / `</think>`), a Qwen-style chat template, and a deterministi
 includes multi-byte characters (so byte-level pieces that end mid-character occur); and the
 Gemma vocabulary's special tokens at Gemma's own ids (`GEMMA`: `<pad>` 0, `<eos>` 1, `<bos>` 2,
 `<unk>` 3, `<start_of_turn>` 106, `<end_of_turn>` 107; placeholders between), its chat template
-(no system role, `model` for the assistant) and its BOS added to every encoded text; and Gemma
-4's (`GEMMA4`: its control tokens at their ids, `<|turn>` 105 and `<turn|>` 106, a system role).
+(no system role, `model` for the assistant) and its BOS added to every encoded text; Gemma 3's
+(`GEMMA3`: `<mask>` 4, `<start_of_turn>` 105, `<end_of_turn>` 106, a system turn folded into the
+first user turn); and Gemma 4's (`GEMMA4`: its control tokens at their ids, `<|turn>` 105 and
+`<turn|>` 106, a system role).
 Nothing is downloaded.
 
 Must not touch model weights.
@@ -86,6 +88,23 @@ GEMMA = Vocabulary(
     end_of_turn="<end_of_turn>",
 )
 
+# google/gemma-3-1b-it's plain chat as its official template renders it (a system message
+# opens the first user turn; the template's image items are left out).
+GEMMA3_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% if messages[0]['role'] == 'system' %}"
+    "{% set first_user_prefix = messages[0]['content'] + '\n\n' %}"
+    "{% set loop_messages = messages[1:] %}{% else %}"
+    "{% set first_user_prefix = '' %}{% set loop_messages = messages %}{% endif %}"
+    "{% for message in loop_messages %}"
+    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+    "{% endif %}{% if message['role'] == 'assistant' %}{% set role = 'model' %}"
+    "{% else %}{% set role = message['role'] %}{% endif %}"
+    "{{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else '') }}"
+    "{{ message['content'] | trim }}{{ '<end_of_turn>\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
+)
+
 # google/gemma-4-31B-it's plain chat as its official template renders it (a system turn
 # allowed, `model` for the assistant, `<|turn>` / `<turn|>` around each turn); the official
 # template's tool, thinking and media blocks are left out.
@@ -102,6 +121,29 @@ def _placed(named: dict[int, str], size: int) -> tuple[str, ...]:
     """Special tokens at their checkpoint ids, `<unusedK>` placeholders between."""
     return tuple(named.get(i, f"<unused{i}>") for i in range(size))
 
+
+# Gemma 3's special tokens at google/gemma-3-1b-it's ids (0..106).
+GEMMA3 = Vocabulary(
+    special_tokens=_placed(
+        {
+            0: "<pad>",
+            1: "<eos>",
+            2: "<bos>",
+            3: "<unk>",
+            4: "<mask>",
+            105: "<start_of_turn>",
+            106: "<end_of_turn>",
+        },
+        107,
+    ),
+    pad="<pad>",
+    bos="<bos>",
+    eos="<eos>",
+    additional=("<start_of_turn>", "<end_of_turn>"),
+    chat_template=GEMMA3_CHAT_TEMPLATE,
+    add_bos=True,
+    end_of_turn="<end_of_turn>",
+)
 
 # Gemma 4's control tokens at google/gemma-4-31B-it's ids (0..106).
 GEMMA4 = Vocabulary(

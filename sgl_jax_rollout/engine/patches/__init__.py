@@ -9,7 +9,7 @@ Overlap scheduling works as upstream runs it: what the sampler needs of a reques
 (tokens generated, penalty tables) lives on the device per request slot (`slot_state.py`),
 never read from the host's lagging output ids.
 
-The patches come in five kinds, one module each (below); `hooks.py` holds what they share.
+The patches come in six kinds, one module each (below); `hooks.py` holds what they share.
 Containment (docs/design.md section 8): no fault on an engine thread may take the trainer's
 process down. `step_guard` keeps a failing step to its own requests; `contained_signals`
 and `watchdog` turn upstream's last resort, SIGQUIT to this process (or its parent), into an
@@ -220,6 +220,16 @@ instead of raising.
   when a sampler config is traced: a trainer that changes it (to rbg, unsafe_rbg) after the
   engine started fails every new trace. A typed key carries its implementation.
 
+## Models (`models.py`): architectures sgl-jax lacks, registered
+
+- `gemma3_text`: `Gemma3ForCausalLM` (`engine/models/gemma3.py`, Gemma 3's text model built
+  on sgl-jax's Gemma 2: q / k norms, a RoPE base per layer kind with the full layers' linear
+  scaling, windowed and full layers by `layer_types`) added to `ModelRegistry.models`
+  (`models/registry.py`); sgl-jax at cddbf6f1 has `gemma2.py` and `gemma4.py` only, and a
+  `Gemma3ForCausalLM` checkpoint failed at start ("not supported"). To drop when upstream
+  ships its own with the same HF weight names: `test_gemma3_is_registered_for_the_engine`
+  then finds the name registered before `install`.
+
 ## Lifecycle (`lifecycle.py`)
 
 - `scheduler_of_engine`: wraps `Scheduler.__init__` to tie the scheduler to the engine that
@@ -249,6 +259,7 @@ from sgl_jax_rollout.engine import upstream
 from sgl_jax_rollout.engine.patches import (
     containment,
     lifecycle,
+    models,
     sampler_hooks,
     scheduling,
     upstream_fixes,
@@ -265,5 +276,5 @@ def apply(server_args: Iterable[str] = ()) -> None:
     keywords `server_args`), then installs every patch once per process (idempotent)."""
     with _APPLY_LOCK:
         upstream.check(server_args)
-        for kind in (sampler_hooks, scheduling, containment, upstream_fixes, lifecycle):
+        for kind in (sampler_hooks, scheduling, containment, upstream_fixes, models, lifecycle):
             kind.install()

@@ -8,7 +8,15 @@ in the CLI's help.
 
 from __future__ import annotations
 
-from sgl_jax_rollout.tiny_model.families import gemma2, gemma4, llama, qwen2, qwen3, qwen3_moe
+from sgl_jax_rollout.tiny_model.families import (
+    gemma2,
+    gemma3,
+    gemma4,
+    llama,
+    qwen2,
+    qwen3,
+    qwen3_moe,
+)
 from sgl_jax_rollout.tiny_model.family import Family
 
 FAMILIES: dict[str, Family] = {
@@ -20,5 +28,6 @@ FAMILIES: dict[str, Family] = {
         gemma2.FAMILY,
         qwen3_moe.FAMILY,
         gemma4.FAMILY,
+        gemma3.FAMILY,
     )
 }

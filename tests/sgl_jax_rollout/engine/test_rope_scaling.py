@@ -47,6 +47,13 @@ def test_llama_applies_what_get_rope_applies(scaling):
     check_rope_scaling(config("LlamaForCausalLM", scaling))
 
 
+def test_our_gemma3_applies_linear_scaling_only():
+    """`engine/models/gemma3.py` scales its full layers' RoPE linearly, as HF's Gemma 3."""
+    check_rope_scaling(config("Gemma3ForCausalLM", {"rope_type": "linear", "factor": 8.0}))
+    with pytest.raises(ValueError, match="'yarn'.*Gemma3ForCausalLM"):
+        check_rope_scaling(config("Gemma3ForCausalLM", YARN))
+
+
 @pytest.mark.parametrize(
     ("architecture", "scaling", "named"),
     [

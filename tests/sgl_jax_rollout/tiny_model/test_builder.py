@@ -309,7 +309,80 @@ def _safetensors_dtypes(path) -> set[str]:
 def test_presets_are_exported():
     from sgl_jax_rollout.tiny_model import LIKE_PRESETS
 
-    assert sorted([*REAL, GEMMA4]) == sorted(LIKE_PRESETS)
+    assert sorted([*REAL, GEMMA3, GEMMA4]) == sorted(LIKE_PRESETS)
+
+
+# google/gemma-3-1b-it's config.json and generation_config.json (window 512 there, 256 in the
+# replica; 262,144 ids there, the tokenizer's here), written from the checkpoint's values.
+GEMMA3 = "gemma-3-1b-it"
+GEMMA3_CONFIG = {
+    "architectures": ["Gemma3ForCausalLM"],
+    "model_type": "gemma3_text",
+    "attention_bias": False,
+    "attn_logit_softcapping": None,
+    "final_logit_softcapping": None,
+    "head_dim": 256,
+    "hidden_activation": "gelu_pytorch_tanh",
+    "num_attention_heads": 4,
+    "num_key_value_heads": 1,
+    "query_pre_attn_scalar": 256,
+    "rms_norm_eps": 1e-6,
+    "rope_local_base_freq": 10000,
+    "rope_scaling": None,
+    "rope_theta": 1000000,
+    "sliding_window_pattern": 6,
+    "max_position_embeddings": 32768,
+    "tie_word_embeddings": True,
+    "bos_token_id": 2,
+    "eos_token_id": [1, 106],
+    "pad_token_id": 0,
+}
+GEMMA3_GENERATION = {
+    "bos_token_id": 2,
+    "cache_implementation": "hybrid",
+    "do_sample": True,
+    "eos_token_id": [1, 106],
+    "pad_token_id": 0,
+    "top_k": 64,
+    "top_p": 0.95,
+}
+
+
+def test_gemma3_replica_keeps_the_checkpoints_config(tmp_path):
+    """Gemma 2's layout with q / k norms over head_dim, one KV head, five windowed layers to
+    one full one, `<end_of_turn>` at 106 (107 in Gemma 2), tunix loads it with varied
+    next-token distributions."""
+    from transformers import AutoTokenizer
+
+    from tunix_adapter.models import load_tunix_model
+
+    directory = make_tiny_model(tmp_path / "g3", like=GEMMA3)
+    config = json.loads((directory / "config.json").read_text())
+    for key, value in GEMMA3_CONFIG.items():
+        assert config[key] == value and type(config[key]) is type(value), key
+    assert config["layer_types"] == ["sliding_attention"] * 5 + ["full_attention"]
+    assert config["sliding_window"] < 300 and config["num_hidden_layers"] == 6
+    generation = json.loads((directory / "generation_config.json").read_text())
+    assert generation == GEMMA3_GENERATION
+    tokenizer = AutoTokenizer.from_pretrained(str(directory))
+    assert len(tokenizer) == config["vocab_size"]
+    named = ["<pad>", "<eos>", "<bos>", "<mask>", "<start_of_turn>", "<end_of_turn>"]
+    assert tokenizer.convert_tokens_to_ids(named) == [0, 1, 2, 4, 105, 106]
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+    rendered = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+    assert (
+        rendered == "<bos><start_of_turn>user\nBe brief.\n\nhi<end_of_turn>\n<start_of_turn>model\n"
+    )
+
+    tensors = load_file(str(directory / "model.safetensors"))
+    p = "model.layers.5."
+    assert tensors[p + "self_attn.q_norm.weight"].shape == (256,)
+    assert tensors[p + "self_attn.k_proj.weight"].shape == (256, config["hidden_size"])
+    assert p + "pre_feedforward_layernorm.weight" in tensors and "lm_head.weight" not in tensors
+    assert _safetensors_dtypes(directory / "model.safetensors") == {"BF16"}
+    again = make_tiny_model(tmp_path / "again", like=GEMMA3)
+    assert _digest(again) == _digest(directory)
+    assert_next_token_entropy_far_from_uniform(load_tunix_model(directory), directory)
 
 
 # google/gemma-4-31B-it's config.json (text_config) and generation_config.json, written from
