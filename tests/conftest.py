@@ -216,6 +216,21 @@ def small_engine_settings(**changes):
     return dict(TEST_SETTINGS, **changes)
 
 
+def one_bucket_settings(rows: int, tokens: int, context_length: int, total: int, **changes):
+    """`small_engine_settings` for a test whose calls all fit one batch bucket of `rows` and
+    one prefill bucket of `tokens`: all the engine compiles then. `total`: the KV pool's
+    tokens."""
+    return small_engine_settings(
+        max_running_requests=rows,
+        precompile_bs_paddings=(rows,),
+        precompile_token_paddings=(tokens,),
+        max_prefill_tokens=tokens,
+        context_length=context_length,
+        max_total_tokens=total,
+        **changes,
+    )
+
+
 # The session engine also compiles this mode at start (test_rollout.py checks it).
 LISTED_SAMPLER_MODE = {"entropy_source": "processed", "entropy_top_k": 24}
 

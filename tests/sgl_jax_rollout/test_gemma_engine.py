@@ -53,20 +53,13 @@ def test_end_of_turn_ends_a_completion_and_a_session_goes_on_after_it(like, tmp_
 
     from sgl_jax_rollout.rollout import SglangJaxRollout
     from sgl_jax_rollout.tiny_model import make_tiny_model
-    from tests.conftest import small_engine_settings
+    from tests.conftest import one_bucket_settings
     from tests.sgl_jax_rollout.test_rollout import config
     from tunix_adapter.models import load_tunix_model
 
     name, expected_id, added_turn, unit_offset = REPLICAS[like]
     model_dir = make_tiny_model(tmp_path / like, like=like, dtype="float32")
-    settings = small_engine_settings(
-        context_length=256,
-        max_prefill_tokens=256,
-        precompile_token_paddings=(256,),
-        max_running_requests=2,
-        precompile_bs_paddings=(2,),
-        max_total_tokens=1024,
-    )
+    settings = one_bucket_settings(rows=2, tokens=256, context_length=256, total=1024)
     rollout = SglangJaxRollout(model_path=model_dir, engine_settings=settings)
     try:
         tokenizer = rollout.engine.tokenizer

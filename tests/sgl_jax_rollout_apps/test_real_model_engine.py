@@ -14,18 +14,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.conftest import small_engine_settings
+from tests.conftest import one_bucket_settings
 
 pytestmark = pytest.mark.engine
 
-SETTINGS = small_engine_settings(
-    max_running_requests=4,
-    precompile_bs_paddings=(4,),
-    precompile_token_paddings=(512,),
-    max_prefill_tokens=512,
-    context_length=256,
-    max_total_tokens=2048,
-)
+SETTINGS = one_bucket_settings(rows=4, tokens=512, context_length=256, total=2048)
 QUESTIONS = [
     "What is the capital of France?",
     "Name three colors of the rainbow.",

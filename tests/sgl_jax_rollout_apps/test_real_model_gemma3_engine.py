@@ -17,19 +17,12 @@ import json
 import numpy as np
 import pytest
 
-from tests.conftest import small_engine_settings
+from tests.conftest import one_bucket_settings
 from tests.sgl_jax_rollout_apps.test_real_model_engine import _config
 
 pytestmark = pytest.mark.engine
 
-SETTINGS = small_engine_settings(
-    max_running_requests=1,
-    precompile_bs_paddings=(1,),
-    precompile_token_paddings=(256,),
-    max_prefill_tokens=256,
-    context_length=256,
-    max_total_tokens=1024,
-)
+SETTINGS = one_bucket_settings(rows=1, tokens=256, context_length=256, total=1024)
 PROMPT = "The capital of France is"
 
 

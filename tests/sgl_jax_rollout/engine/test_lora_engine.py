@@ -26,7 +26,7 @@ def test_mixed_rules_are_served_as_the_trainer_computes_them(tiny_dir):
     from flax import nnx
 
     from sgl_jax_rollout.rollout import SglangJaxRollout
-    from tests.conftest import perturbed, small_engine_settings
+    from tests.conftest import one_bucket_settings, perturbed
     from tests.sgl_jax_rollout.test_rollout import config as rollout_config
     from tunix_adapter.check import lora_update_error
     from tunix_adapter.models import load_tunix_model
@@ -41,14 +41,7 @@ def test_mixed_rules_are_served_as_the_trainer_computes_them(tiny_dir):
     base = load_tunix_model(tiny_dir)
     actor = qwix.apply_lora_to_model(base, provider, **base.get_model_input())
     nnx.update(actor, perturbed(nnx.state(actor, nnx.LoRAParam), scale=0.05, seed=3))
-    settings = small_engine_settings(
-        context_length=512,
-        max_prefill_tokens=512,
-        precompile_token_paddings=(512,),
-        max_running_requests=4,
-        precompile_bs_paddings=(4,),
-        max_total_tokens=2048,
-    )
+    settings = one_bucket_settings(rows=4, tokens=512, context_length=512, total=2048)
     rollout = SglangJaxRollout(rollout_actor=actor, model_path=tiny_dir, engine_settings=settings)
     try:
         config = rollout_config(max_tokens_to_generate=16, max_prompt_length=128, seed=0)

@@ -19,17 +19,10 @@ from sgl_jax_rollout.engine.settings import EngineSettings
 from sgl_jax_rollout.tiny_model import make_tiny_model
 from sgl_jax_rollout.utils import compilation_cache
 from sgl_jax_rollout.utils.compiles import count_compiles
+from tests.conftest import one_bucket_settings
 
 FORWARD = "jit_jitted_run_model"
-SMALL = EngineSettings(
-    max_running_requests=1,
-    precompile_bs_paddings=(1,),
-    precompile_token_paddings=(128,),
-    context_length=128,
-    max_prefill_tokens=128,
-    max_total_tokens=1024,
-    overlap_schedule=False,
-)
+SMALL = EngineSettings(**one_bucket_settings(1, 128, 128, 1024), overlap_schedule=False)
 
 
 class Hits(logging.Handler):
