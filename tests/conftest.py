@@ -101,6 +101,13 @@ def pytest_runtest_setup(item):
         run_stats.listen()
 
 
+def pytest_runtest_logreport(report):
+    if OWN_SUITE:
+        from tests import run_stats
+
+        run_stats.record_test(report)
+
+
 def pytest_terminal_summary(terminalreporter):
     if not OWN_SUITE:
         return
@@ -123,8 +130,24 @@ def pytest_terminal_summary(terminalreporter):
     terminalreporter.write_line(f"compilation cache: {os.environ[CACHE_DIR_VAR] or 'off'}")
 
 
+# "reversed" (`.ci/run`'s tunix-main run, beside `make test`): the session engine's tests first
+# (engine phases 1-3), then the rest, each part's test modules in reverse order. The two runs
+# then hold a session engine at different times (memory), and each reads the programs the other
+# compiled first instead of compiling them at the same time.
+ORDER_VAR = "SGL_JAX_ROLLOUT_TEST_ORDER"
+
+
 def pytest_collection_modifyitems(config, items):
-    items.sort(key=engine_phase)  # stable: collection order within a phase
+    order = os.environ.get(ORDER_VAR, "")
+    if order not in ("", "reversed"):
+        raise pytest.UsageError(f"{ORDER_VAR} must be 'reversed' or unset, got {order!r}")
+    first = {}  # each module's place in the collection
+    for index, item in enumerate(items):
+        first.setdefault(item.path, index)
+    if order == "reversed":
+        items.sort(key=lambda it: (engine_phase(it) == 0, engine_phase(it), -first[it.path]))
+    else:
+        items.sort(key=engine_phase)  # stable: collection order within a phase
     no_engine = importlib.util.find_spec("sgl_jax") is None
     if no_engine and _engine_required():
         raise pytest.UsageError(

@@ -5,7 +5,9 @@ Owns `RunStats` and its listeners on JAX's monitoring events: engine starts (the
 compilation cache among them), cache hits and misses, tracing and lowering seconds. The pytest
 process keeps its own counts; a test's subprocess (a worker run as `python -m tests....`, which
 imports this package) appends its counts to the file named by `STATS_FILE_VAR` when it exits,
-and conftest.py prints the sum at the end of the run.
+and conftest.py prints the sum at the end of the run. Where `TIMES_FILE_VAR` names a file, each
+test's seconds go to it as the test ends (`record_test`): a run stopped before its summary
+(CI's time limit) still says where its time went.
 
 Must not import the project's packages at module level beyond the light `utils.compiles`.
 """
@@ -18,6 +20,7 @@ import dataclasses
 import json
 import os
 import threading
+import time
 from pathlib import Path
 
 from sgl_jax_rollout.utils.compiles import (
@@ -28,6 +31,7 @@ from sgl_jax_rollout.utils.compiles import (
 )
 
 STATS_FILE_VAR = "SGL_JAX_ROLLOUT_RUN_STATS"
+TIMES_FILE_VAR = "SGL_JAX_ROLLOUT_TEST_TIMES"
 
 _DURATIONS = {
     BACKEND_COMPILE_EVENT: "compile",
@@ -130,3 +134,37 @@ def subprocess_totals(path: Path) -> RunStats:
         for line in path.read_text().splitlines():
             total.add(RunStats(**json.loads(line)))
     return total
+
+
+_started = time.monotonic()
+_test_s: dict[str, float] = {}
+
+
+def record_test(report) -> None:
+    """Adds a test phase's (setup, call, teardown) seconds; after the teardown appends one line
+    to the `TIMES_FILE_VAR` file, when set: minutes since the run started, the test's seconds,
+    the machine's memory in use (GB: total - available) and the test's id."""
+    path = os.environ.get(TIMES_FILE_VAR)
+    if not path:
+        return
+    seconds = _test_s.get(report.nodeid, 0.0) + report.duration
+    if report.when != "teardown":
+        _test_s[report.nodeid] = seconds
+        return
+    _test_s.pop(report.nodeid, None)
+    with open(path, "a") as out:
+        out.write(
+            f"{(time.monotonic() - _started) / 60:.1f} {seconds:.1f} {_used_gb():.1f} "
+            f"{report.nodeid}\n"
+        )
+
+
+def _used_gb() -> float:
+    fields = {}
+    with contextlib.suppress(OSError), open("/proc/meminfo") as meminfo:
+        for line in meminfo:
+            name, value = line.split(":", 1)
+            fields[name] = int(value.split()[0])
+    if "MemTotal" not in fields or "MemAvailable" not in fields:
+        return 0.0
+    return (fields["MemTotal"] - fields["MemAvailable"]) / 2**20

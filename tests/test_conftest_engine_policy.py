@@ -1,4 +1,5 @@
-"""The engine-requirement policy of tests/conftest.py, run on a throw-away suite with pytester.
+"""The engine-requirement policy and the run order of tests/conftest.py, run on a throw-away
+suite with pytester.
 
 Where `SGL_JAX_ROLLOUT_REQUIRE_ENGINE=1` (CI), an engine-marked test that skips fails, a
 tpu-marked one may still skip, and a missing engine stops the run. An empty `sgl_jax` package
@@ -73,3 +74,38 @@ def test_a_missing_engine_stops_the_run_where_it_is_required(pytester, monkeypat
     result.stderr.fnmatch_lines(
         ["*SGL_JAX_ROLLOUT_REQUIRE_ENGINE=1 but sgl_jax is not importable*"]
     )
+
+
+ORDERED = {
+    "test_a": "def test_a1():\n    pass\n\ndef test_a2(rollout):\n    pass\n",
+    "test_b": "def test_b1():\n    pass\n\ndef test_b2():\n    pass\n",
+    "test_c": "def test_c1(rollout):\n    pass\n",
+}
+ROLLOUT_FIXTURE = "\n\n@pytest.fixture\ndef rollout():\n    return None\n"
+
+
+@pytest.mark.parametrize(
+    ("order", "expected"),
+    [
+        ("", ["a1", "b1", "b2", "a2", "c1"]),
+        ("reversed", ["c1", "a2", "b1", "b2", "a1"]),
+    ],
+)
+def test_the_session_engines_tests_run_last_or_reversed_first(
+    pytester, monkeypatch, order, expected
+):
+    pytester.makeconftest(CONFTEST.read_text() + ROLLOUT_FIXTURE)
+    pytester.makepyfile(**ORDERED)
+    monkeypatch.setenv("SGL_JAX_ROLLOUT_TEST_ORDER", order)
+    result = pytester.runpytest_subprocess("--collect-only", "-q")
+    ran = [line.split("::test_")[1] for line in result.outlines if "::test_" in line]
+    assert ran == expected
+
+
+def test_an_unknown_order_stops_the_run(pytester, monkeypatch):
+    pytester.makeconftest(CONFTEST.read_text())
+    pytester.makepyfile(test_a="def test_a():\n    pass\n")
+    monkeypatch.setenv("SGL_JAX_ROLLOUT_TEST_ORDER", "random")
+    result = pytester.runpytest_subprocess()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*SGL_JAX_ROLLOUT_TEST_ORDER must be 'reversed' or unset*"])

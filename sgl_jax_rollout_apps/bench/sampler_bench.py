@@ -1,4 +1,5 @@
-"""`sgl-jax-rollout bench sampler`: milliseconds per sampling step at vocab 151,936.
+"""`sgl-jax-rollout bench sampler`: milliseconds per sampling step at vocab 151,936 (Qwen's;
+`--vocab 262144` for Gemma's).
 
 Owns the sampler benchmark: for batch sizes 1, 16 and 64 and float32 logits, the median of
 >= 20 timed steps after warm-up of
@@ -34,7 +35,8 @@ from tqdm import tqdm
 
 from sgl_jax_rollout.sampling import SamplerConfig, SamplingOptions, make_batch, sample
 
-VOCAB = 151_936
+DEFAULT_VOCAB = 151_936  # Qwen2.5 / Qwen3
+VOCAB_RANGE = (1_024, 1_048_576)  # and a multiple of 8, for the sharded section
 BATCH_SIZES = (1, 16, 64)
 PROMPT_LEN, OUTPUT_LEN = 128, 64
 TOP_K, TOP_P, TEMPERATURE = 50, 0.9, 0.7
@@ -44,12 +46,22 @@ LOGITS_DESCRIPTION = (
 )
 
 
-def lm_like_logits(rows: int, seed: int, flat: bool = False) -> jax.Array:
+def check_vocab(vocab: int) -> int:
+    """`vocab`, or ValueError naming `--vocab` and what it may be."""
+    low, high = VOCAB_RANGE
+    if not low <= vocab <= high or vocab % 8:
+        raise ValueError(f"--vocab must be a multiple of 8 in [{low:,}, {high:,}], got {vocab:,}")
+    return vocab
+
+
+def lm_like_logits(
+    rows: int, seed: int, flat: bool = False, vocab: int = DEFAULT_VOCAB
+) -> jax.Array:
     rng = np.random.default_rng(seed)
-    logits = rng.normal(0.0, 0.05 if flat else 1.5, size=(rows, VOCAB)).astype(np.float32)
+    logits = rng.normal(0.0, 0.05 if flat else 1.5, size=(rows, vocab)).astype(np.float32)
     if not flat:
         for r in range(rows):
-            head = rng.choice(VOCAB, 32, replace=False)
+            head = rng.choice(vocab, 32, replace=False)
             logits[r, head] += rng.uniform(4.0, 10.0, 32).astype(np.float32)
     return jnp.asarray(logits)
 
@@ -63,14 +75,14 @@ def _options(penalties: bool, top_k: int = TOP_K) -> SamplingOptions:
     return SamplingOptions(temperature=TEMPERATURE, top_k=top_k, top_p=TOP_P, **extra)
 
 
-def _batches(rows: int, options: SamplingOptions, steps: int, seed: int):
+def _batches(rows: int, options: SamplingOptions, steps: int, seed: int, vocab: int):
     rng = np.random.default_rng(seed)
-    prompts = rng.integers(0, VOCAB, (rows, PROMPT_LEN)).tolist()
-    outputs = rng.integers(0, VOCAB, (rows, OUTPUT_LEN)).tolist()
+    prompts = rng.integers(0, vocab, (rows, PROMPT_LEN)).tolist()
+    outputs = rng.integers(0, vocab, (rows, OUTPUT_LEN)).tolist()
     return [
         make_batch(
             [options] * rows,
-            vocab_size=VOCAB,
+            vocab_size=vocab,
             keys=rng.integers(0, 2**32, (rows, 2), dtype=np.uint32),
             prompt_ids=prompts,
             output_ids=outputs,
@@ -96,11 +108,12 @@ def _argmax(logits: jax.Array) -> jax.Array:
 
 
 def _ours(logits, options: SamplingOptions, config: SamplerConfig, steps: int):
-    batches = _batches(logits.shape[0], options, steps, seed=1)
+    batches = _batches(logits.shape[0], options, steps, seed=1, vocab=logits.shape[1])
     return lambda i: sample(logits, batches[i % steps], config).tokens
 
 
-def run(steps: int = 20, warmup: int = 3) -> dict:
+def run(steps: int = 20, warmup: int = 3, vocab: int = DEFAULT_VOCAB) -> dict:
+    check_vocab(vocab)
     variants = {
         "baseline": (
             _options(penalties=False),
@@ -114,14 +127,14 @@ def run(steps: int = 20, warmup: int = 3) -> dict:
     names = ["argmax", *variants, "flat_top_p_search", *(["sgl_jax"] if sgl_step else [])]
     progress = tqdm(total=len(BATCH_SIZES) * len(names), desc="bench sampler", file=sys.stderr)
     for rows in BATCH_SIZES:
-        logits = lm_like_logits(rows, seed=rows)
+        logits = lm_like_logits(rows, seed=rows, vocab=vocab)
         row: dict[str, float] = {}
         row["argmax"] = _median_ms(lambda i, x=logits: _argmax(x), warmup, steps)
         progress.update()
         for name, (options, config) in variants.items():
             row[name] = _median_ms(_ours(logits, options, config, steps), warmup, steps)
             progress.update()
-        flat = lm_like_logits(rows, seed=rows, flat=True)
+        flat = lm_like_logits(rows, seed=rows, flat=True, vocab=vocab)
         row["flat_top_p_search"] = _median_ms(
             _ours(flat, _options(penalties=True, top_k=-1), SamplerConfig(), steps),
             1,
@@ -143,10 +156,10 @@ def run(steps: int = 20, warmup: int = 3) -> dict:
     }
     if "sgl_jax" in at64:
         ratios["full_vs_sgl_jax"] = round(at64["full"] / at64["sgl_jax"], 3)
-    sharded = _sharded()
+    sharded = _sharded(vocab)
     return {
         "bench": "sampler",
-        "vocab": VOCAB,
+        "vocab": vocab,
         "unit": "ms per step (median)",
         "steps": steps,
         "device": str(jax.devices()[0].platform),
@@ -164,11 +177,11 @@ def run(steps: int = 20, warmup: int = 3) -> dict:
     }
 
 
-def _sharded() -> dict:
+def _sharded(vocab: int) -> dict:
     """`sharded_sampler.py`'s measurement, from a process with 8 simulated CPU devices."""
     print("bench sampler: sharded section (8 simulated devices, compiles only)", file=sys.stderr)
     done = subprocess.run(
-        [sys.executable, "-m", "sgl_jax_rollout_apps.bench.sharded_sampler"],
+        [sys.executable, "-m", "sgl_jax_rollout_apps.bench.sharded_sampler", str(vocab)],
         env=dict(os.environ, JAX_PLATFORMS="cpu"),
         capture_output=True,
         text=True,

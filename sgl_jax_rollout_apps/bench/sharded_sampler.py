@@ -2,10 +2,11 @@
 each device reads and computes, under tensor parallelism, from compiled programs (not time).
 
 Owns the measurement, run in a process of its own with 8 simulated CPU devices
-(`python -m sgl_jax_rollout_apps.bench.sharded_sampler` prints one JSON line; XLA_FLAGS must
-be set before jax starts, so `sampler_bench` starts it as a subprocess). For batch 64 and 256
-at vocabulary 151,936 on tp = 4 and 8 (mesh `data` 1 x `tensor` tp, logits split over the
-vocabulary as the LM head leaves them), `bench sampler`'s `full` settings, three programs:
+(`python -m sgl_jax_rollout_apps.bench.sharded_sampler [VOCAB]` prints one JSON line; XLA_FLAGS
+must be set before jax starts, so `sampler_bench` starts it as a subprocess). For batch 64 and
+256 at `bench sampler`'s vocabulary (151,936 unless given) on tp = 4 and 8 (mesh `data` 1 x
+`tensor` tp, logits split over the vocabulary as the LM head leaves them), `bench sampler`'s
+`full` settings, three programs:
 - `sgl_jax`: sgl-jax's own `Sampler` (when sgl_jax is importable);
 - `ours_gathered`: our sampler after a reshard of the logits to `P("data", None)`, as the
   engine ran it before the vocabulary-parallel sampler (and runs it with it turned off);
@@ -36,10 +37,10 @@ from sgl_jax_rollout.sampling import SamplerConfig, SamplerOutput, sample
 from sgl_jax_rollout.sampling.vocab_parallel import output_specs, sample_vocab_parallel
 from sgl_jax_rollout_apps.bench.hlo_collectives import collective_bytes
 from sgl_jax_rollout_apps.bench.sampler_bench import (
+    DEFAULT_VOCAB,
     TEMPERATURE,
     TOP_K,
     TOP_P,
-    VOCAB,
     _batches,
     _options,
 )
@@ -48,18 +49,18 @@ BATCH_SIZES = (64, 256)
 TENSOR_PARALLEL = (4, 8)
 
 
-def measure() -> dict:
+def measure(vocab: int = DEFAULT_VOCAB) -> dict:
     config = SamplerConfig()  # bench sampler's `full`
     upstream = _sgl_jax_program_factory()
     out: dict = {
-        "vocab": VOCAB,
+        "vocab": vocab,
         "settings": "bench sampler's full (penalties, processed logprob, full raw entropy, "
         "top-k / top-p draw); logits f32 split over the tensor axis",
         "unit": "bytes per device and call; flops per device",
     }
     for rows in BATCH_SIZES:
-        batch = _batches(rows, _options(penalties=True), 1, seed=rows)[0]
-        logits = np.zeros((rows, VOCAB), np.float32)
+        batch = _batches(rows, _options(penalties=True), 1, seed=rows, vocab=vocab)[0]
+        logits = np.zeros((rows, vocab), np.float32)
         single = _cost(sample.lower(logits, batch, config).compile())
         by_tp: dict = {"single_device": single}
         for tp in TENSOR_PARALLEL:
@@ -134,7 +135,8 @@ def _sgl_jax_program_factory():
 def main() -> None:
     if jax.device_count() < max(TENSOR_PARALLEL):
         sys.exit(f"needs {max(TENSOR_PARALLEL)} devices, found {jax.device_count()}")
-    print("RESULT " + json.dumps(measure()))
+    vocab = int(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_VOCAB
+    print("RESULT " + json.dumps(measure(vocab)))
 
 
 if __name__ == "__main__":

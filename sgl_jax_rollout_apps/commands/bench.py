@@ -102,6 +102,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "memory: release / resume / generate cycles (20)",
     )
     bench.add_argument("--seed", type=int, default=0, help="soak: prompts, mix and sampling")
+    bench.add_argument(
+        "--vocab",
+        type=int,
+        default=151_936,
+        help="sampler: the logits' width (Qwen's 151,936; Gemma 3's is 262,144), a multiple of 8 "
+        "in [1,024, 1,048,576]",
+    )
     bench.set_defaults(func=_bench)
 
 
@@ -119,6 +126,13 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         parser.error(f"--starts must be in [1, --runs ({args.runs})], got {args.starts}")
     if not 0 <= args.real_size_layers <= 28:
         parser.error(f"--real-size-layers must be in [0, 28], got {args.real_size_layers}")
+    if args.target == "sampler":
+        from sgl_jax_rollout_apps.bench.sampler_bench import check_vocab
+
+        try:
+            check_vocab(args.vocab)
+        except ValueError as error:
+            parser.error(str(error))
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -127,7 +141,7 @@ def _bench(args: argparse.Namespace) -> int:
     if args.target == "sampler":
         from sgl_jax_rollout_apps.bench import sampler_bench
 
-        result = sampler_bench.run(steps=args.steps)
+        result = sampler_bench.run(steps=args.steps, vocab=args.vocab)
     elif args.target == "memory":
         from sgl_jax_rollout_apps.bench import memory_bench
 
