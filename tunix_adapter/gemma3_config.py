@@ -121,6 +121,7 @@ def _refuse_fixed(hf: dict[str, Any]) -> None:
             )
     if hf.get("vision_config"):
         raise ValueError(
-            "config.json vision_config: a Gemma 3 text checkpoint (Gemma3ForCausalLM) is "
-            "served, not the multimodal Gemma3ForConditionalGeneration"
+            "config.json vision_config in a gemma3_text config: a multimodal "
+            "Gemma3ForConditionalGeneration checkpoint is model_type 'gemma3', its language "
+            "model under text_config (whose text part is trained: tunix_adapter.models)"
         )

@@ -2,7 +2,8 @@
 
 Owns the translation of an HF `config.json` into tunix's `ModelConfig` for the architectures
 tunix ships (qwen3 dense and MoE, qwen2, llama, Gemma 2 through `tunix.models.gemma`, Gemma 3
-text through `tunix.models.gemma3`, `gemma3_config`, dense Gemma 4 through `tunix.models.gemma4`,
+text through `tunix.models.gemma3`, `gemma3_config`, also the text part of a multimodal
+Gemma 3 checkpoint, dense Gemma 4 through `tunix.models.gemma4`,
 `gemma4_config`) and the call to
 tunix's own safetensors loader. tunix's Gemma fixes what Gemma 2's config could set otherwise
 (RoPE base 10,000, norm epsilon 1e-6, query scale `head_dim ** -0.5`; `models/gemma/
@@ -26,6 +27,7 @@ from tunix_adapter.gemma4_config import gemma4_config
 from tunix_adapter.gemma_window import fix_sliding_window
 from tunix_adapter.rope import fix_rope, rope_config
 
+_GEMMA_TYPES = ("gemma2", "gemma3", "gemma3_text", "gemma4")
 # HF model_type -> tunix package under tunix.models, and the name of its tied-embedding flag.
 _TUNIX_MODELS = {
     "qwen3": ("qwen3", "use_tied_embedding"),
@@ -55,12 +57,14 @@ def _config_of(hf: dict[str, Any]):
         return _gemma2_config(hf), "gemma"
     if model_type == "gemma3_text":
         return gemma3_config(hf), "gemma3"
+    if model_type == "gemma3":  # Gemma3ForConditionalGeneration: its text part
+        return gemma3_config(model_dir_lib.language_config(hf)), "gemma3"
     if model_type == "gemma4":
         return gemma4_config(hf), "gemma4"
     if model_type not in _TUNIX_MODELS:
         raise ValueError(
             "config.json model_type must be one of "
-            f"{sorted([*_TUNIX_MODELS, 'gemma2', 'gemma3_text', 'gemma4'])}, got {model_type!r}"
+            f"{sorted([*_TUNIX_MODELS, *_GEMMA_TYPES])}, got {model_type!r}"
         )
     package, tied_flag = _TUNIX_MODELS[model_type]
     model_lib = tunix_compat.model_module(package, "model")
@@ -162,8 +166,27 @@ def load_tunix_model(model_dir: str | Path, mesh: jax.sharding.Mesh | None = Non
     """The nnx model of `model_dir`, loaded by tunix's own safetensors loader."""
     config, package = _tunix_config_and_package(model_dir)
     model_dir_lib.check_weights(model_dir)
+    if model_dir_lib.read_config(model_dir).get("model_type") == "gemma3":
+        _check_gemma3_prefix(model_dir)
     # tunix's Gemma packages name their safetensors loader's module differently
     params = tunix_compat.model_module(
         package, "params_safetensors" if package.startswith("gemma") else "params"
     )
     return params.create_model_from_safe_tensors(str(model_dir), config, mesh=mesh)
+
+
+def _check_gemma3_prefix(model_dir: str | Path) -> None:
+    """A multimodal Gemma 3 checkpoint's language model must sit where tunix's loader reads it:
+    `language_model.model.` (its `(?:language_model\\.)?model\\.` patterns,
+    `models/gemma3/params_safetensors.py`); under `model.language_model.` tunix skips every
+    weight and then fails on a pytree mismatch at `embedder.input_embedding` that names none of
+    this."""
+    prefix = model_dir_lib.checkpoint_prefix(model_dir, "Gemma3ForConditionalGeneration")
+    if prefix != model_dir_lib.LANGUAGE_MODEL_PREFIXES[0]:
+        raise ValueError(
+            f"{model_dir}: the language model's weights sit under {prefix!r}; tunix's Gemma 3 "
+            f"loader reads {model_dir_lib.LANGUAGE_MODEL_PREFIXES[0]!r} or 'model.' only "
+            "(tunix/models/gemma3/params_safetensors.py), so it would load none of them; save "
+            "the checkpoint with transformers' save_pretrained, which writes "
+            f"{model_dir_lib.LANGUAGE_MODEL_PREFIXES[0]!r}"
+        )

@@ -49,13 +49,18 @@ from sgl_jax_rollout.engine.rows import RequestSpec, extra_sampler_configs
 from sgl_jax_rollout.engine.settings import (
     EXPERT_COUNT_KEYS,
     EngineSettings,
-    language_config,
+    served_dtype,
     window_kv_differs,
 )
 from sgl_jax_rollout.engine.weight_updates import WeightUpdates
 from sgl_jax_rollout.utils import compilation_cache
 from sgl_jax_rollout.utils.compiles import ENGINE_START_EVENT
-from sgl_jax_rollout.utils.model_dir import load_tokenizer, missing_key, read_config
+from sgl_jax_rollout.utils.model_dir import (
+    language_config,
+    load_tokenizer,
+    missing_key,
+    read_config,
+)
 
 # Re-exported: these public names lived here before the engine was split by job.
 __all__ = [
@@ -153,6 +158,7 @@ class RolloutEngine:
         server_args = settings.server_args(
             str(model_path), jax.default_backend(), window_kv_differs(model_config)
         )
+        server_args["dtype"] = served_dtype(settings.dtype, model_config)
         if lora is not None:
             server_args.update(engine_lora_args(lora, self.model_type))
         self.lora = lora  # the static LoRA layout served (None: no adapters)

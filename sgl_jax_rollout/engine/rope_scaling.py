@@ -11,8 +11,9 @@ sgl-jax at the pinned commit (`availability.PINNED_COMMIT`, cddbf6f1) builds RoP
   YaRN (as Qwen3 documents for long contexts) is served with unscaled RoPE, another function
   than the checkpoint's, whatever the trainer computes.
 
-Our own `Gemma3ForCausalLM` (`engine/models/gemma3.py`, registered by `patches.models`)
-applies "linear" on its full layers, as HF's Gemma 3 does (4B and up: factor 8).
+Our own `Gemma3ForCausalLM` and `Gemma3ForConditionalGeneration` (`engine/models/gemma3.py`,
+registered by `patches.models`) apply "linear" on their full layers, as HF's Gemma 3 does (4B
+and up: factor 8; a multimodal checkpoint names it in its `text_config`).
 
 Owns `check_rope_scaling`: a ValueError naming `rope_scaling`, the architecture and what its
 engine model applies, for a scaling it would not apply. `rope_type: "default"` (HF's spelling
@@ -26,6 +27,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from sgl_jax_rollout.engine.availability import PINNED_COMMIT
+from sgl_jax_rollout.utils.model_dir import language_config
 
 _GET_ROPE = ("llama3", "proportional", "yarn")
 APPLIED: dict[str, tuple[str, ...]] = {
@@ -36,6 +38,7 @@ APPLIED: dict[str, tuple[str, ...]] = {
     "Qwen3ForCausalLM": (),
     "Qwen3MoeForCausalLM": (),
     "Gemma3ForCausalLM": ("linear",),
+    "Gemma3ForConditionalGeneration": ("linear",),
 }
 
 
@@ -52,8 +55,9 @@ def scaling_kind(model_config: Mapping[str, Any]) -> tuple[bool, str | None]:
 
 def check_rope_scaling(model_config: Mapping[str, Any]) -> None:
     """Raises ValueError when `model_config` (a config.json) asks for a `rope_scaling` that the
-    engine's model for its architecture does not apply."""
-    scaled, kind = scaling_kind(model_config)
+    engine's model for its architecture does not apply (a multimodal checkpoint's scaling is
+    its `text_config`'s)."""
+    scaled, kind = scaling_kind(language_config(dict(model_config)))
     if not scaled:
         return
     architecture = (model_config.get("architectures") or ["(no architectures)"])[0]

@@ -15,6 +15,8 @@ import dataclasses
 import os
 from typing import Any
 
+from sgl_jax_rollout.utils.model_dir import language_config
+
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ATTENTION_BACKENDS = ("fa", "native", "fa_mha")
 NATIVE_ATTENTIONS = ("paged", "upstream")
@@ -306,7 +308,15 @@ def window_kv_differs(model_config: dict[str, Any]) -> bool:
 EXPERT_COUNT_KEYS = ("num_experts", "n_routed_experts", "num_local_experts")
 
 
-def language_config(model_config: dict[str, Any]) -> dict[str, Any]:
-    """The language model's part of an HF config.json: its `text_config` where a multimodal
-    checkpoint (Gemma 4) nests it there, else the config itself."""
-    return model_config.get("text_config") or model_config
+def served_dtype(dtype: str, model_config: dict[str, Any]) -> str:
+    """`EngineSettings.dtype` as sgl-jax's `Engine` takes it for config.json `model_config`:
+    "auto" is the language model's dtype, which a multimodal checkpoint's `text_config` may
+    leave to the top level (Gemma 3 4B and up, written by transformers 4.50). sgl-jax resolves
+    "auto" from the text config alone and takes float32 when it names none
+    (`configs/model_config.py:228, 875-884`): it would serve a bfloat16 checkpoint in float32
+    while the trainer loads it in bfloat16. Any other value is kept."""
+    if dtype != "auto" or "text_config" not in model_config:
+        return dtype
+    text = language_config(model_config)
+    named = text.get("torch_dtype") or text.get("dtype")
+    return named if named in DTYPES else dtype

@@ -160,6 +160,7 @@ FUNCTIONS: dict[str, tuple[str, ...]] = {
     "FINISH_ABORT": ("message",),
     # built on (engine/models/gemma3.py): the layers it makes and the Gemma 2 code it inherits
     "Gemma2ForCausalLM._create_layer_mappings": ("self", "layer_idx"),
+    "Gemma2ForCausalLM.load_weights": ("self", "model_config"),
     "Gemma2MLP.__init__": ("self", "hidden_size", "intermediate_size", "mesh", "layer_id", "dtype"),
     "GemmaRMSNorm.__init__": ("self", "hidden_size", "epsilon"),
     "RotaryEmbedding.__init__": (
@@ -232,7 +233,7 @@ ATTRIBUTES: dict[str, tuple[str, ...]] = {
     "LoRAMemoryPool": (
         *("A_buffer", "B_buffer", "target_modules", "max_loras_per_batch", "max_lora_rank"),
     ),
-    "ModelConfig": ("hf_text_config",),  # lora_text_config
+    "ModelConfig": ("hf_text_config", "model_path"),  # lora_text_config; Gemma 3's prefix
     "BaseLayerWithLoRA": ("base_layer",),
     "LinearBase": ("weight",),
     "Llama3RotaryEmbedding": ("base", "_inv_freq_np"),

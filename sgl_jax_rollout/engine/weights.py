@@ -45,7 +45,7 @@ from sgl_jax_rollout.engine.moe_mapping import qwen3_moe_mapping
 # config.json model_type -> tunix model package with a mapping_sglang_jax module.
 TUNIX_FAMILIES = {"qwen3": "qwen3", "qwen3_moe": "qwen3", "qwen2": "qwen2", "llama": "llama3"}
 # config.json model_type of the families mapped by `engine.gemma_mapping`.
-GEMMA_TYPES = ("gemma2", "gemma3_text", "gemma4")
+GEMMA_TYPES = ("gemma2", "gemma3", "gemma3_text", "gemma4")
 
 
 class WeightSwapper:

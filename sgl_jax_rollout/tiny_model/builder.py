@@ -155,6 +155,8 @@ def make_tiny_model(
             generation = _like_generation(preset, ids)
         tied = bool(config["tie_word_embeddings"])
         tensors = _random_weights(family, vocab, shape, seed, tied=tied)
+        if family.nest is not None:  # a multimodal checkpoint around it (Gemma 3 4B)
+            config, tensors = family.nest(config, tensors, seed)
     config["torch_dtype"] = dtype
     _write_json(out / "config.json", config)
     _write_json(out / "generation_config.json", generation)

@@ -89,6 +89,8 @@ class Family:
     - own_layout(shape, vocab, ids, max_positions, dtype, tokenizer, seed): config.json,
       generation_config.json and weights of a family whose checkpoints' layout is its own
       (Gemma 4), written instead of the shared layout.
+    - nest(config, tensors, seed): config.json and weights of a multimodal checkpoint around
+      the language model that the shared layout wrote (`config`, `tensors`): Gemma 3 4B's.
     """
 
     arch: str
@@ -105,3 +107,4 @@ class Family:
     post_norm_gain: float = 1.0
     min_layers: int = 0
     own_layout: Callable[..., tuple[dict, dict, dict]] | None = None
+    nest: Callable[[dict, dict, int], tuple[dict, dict]] | None = None

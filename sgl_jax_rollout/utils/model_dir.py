@@ -4,7 +4,9 @@ Owns `read_config` (`config.json` as a dict: a missing file, invalid JSON with i
 column, or JSON that is no object, each named with the file) and `check_weights` (the
 directory holds `*.safetensors`), `load_tokenizer` (its HF tokenizer, or the sentence saying it
 does not load). `missing_key` turns a `KeyError` raised while a family's
-config is read into the sentence that names the file, the key and the family. Both the engine
+config is read into the sentence that names the file, the key and the family. `language_config`
+is the language model's part of a config, `text_config` of a multimodal checkpoint filled as
+transformers fills it, and `checkpoint_prefix` the prefix its weights sit under. Both the engine
 (`engine.RolloutEngine`) and the trainer side (`tunix_adapter.models`) call these before
 anything is built, so a broken directory never reaches sgl-jax or tunix.
 """
@@ -39,6 +41,53 @@ def missing_key(model_dir: str | Path, config: dict[str, Any], err: KeyError) ->
     family = config.get("model_type", "this")
     return ValueError(
         f"{Path(model_dir) / 'config.json'} has no {err.args[0]!r}, which a {family} model needs"
+    )
+
+
+def language_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The language model's part of config.json `config`: itself, or the `text_config` a
+    multimodal checkpoint (Gemma 3 4B and up, Gemma 4) nests it under. A nested part lists only
+    what differs from its class's defaults (Gemma 3 4B's names its sizes, window and RoPE
+    scaling, not its heads, head_dim or vocabulary), so it is filled as transformers fills it
+    (its `CONFIG_MAPPING` class, where transformers knows the `model_type`), and it takes the
+    checkpoint's dtype when it names none (`torch_dtype` or `dtype` at the top level)."""
+    text = config.get("text_config")
+    if not text:
+        return config
+    from transformers import CONFIG_MAPPING
+
+    if text.get("model_type") in CONFIG_MAPPING:
+        filled = CONFIG_MAPPING[text["model_type"]](**text).to_dict()
+        text = {**filled, **text}
+    if not (text.get("torch_dtype") or text.get("dtype")):
+        dtype = config.get("torch_dtype") or config.get("dtype")
+        text = {**text, "torch_dtype": dtype} if dtype else text
+    return text
+
+
+# Where a multimodal checkpoint keeps its language model: Google's Gemma 3 checkpoints and
+# transformers' `save_pretrained` write `language_model.model.`, transformers' in-memory names
+# are `model.language_model.` (`modeling_gemma3.py`, `_checkpoint_conversion_mapping`).
+LANGUAGE_MODEL_PREFIXES = ("language_model.model.", "model.language_model.")
+
+
+def checkpoint_prefix(model_dir: str | Path, architecture: str) -> str:
+    """The prefix of `LANGUAGE_MODEL_PREFIXES` under which `model_dir`'s safetensors hold the
+    language model's embedding (read from their headers); ValueError naming both when they
+    hold it under neither."""
+    from safetensors import safe_open
+
+    names: set[str] = set()
+    for path in sorted(Path(model_dir).glob("*.safetensors")):
+        with safe_open(str(path), framework="numpy") as f:
+            names.update(f.keys())
+    for prefix in LANGUAGE_MODEL_PREFIXES:
+        if prefix + "embed_tokens.weight" in names:
+            return prefix
+    raise ValueError(
+        f"{model_dir}: a {architecture} checkpoint holds its language model under "
+        f"{' or '.join(LANGUAGE_MODEL_PREFIXES)} (embed_tokens.weight there); its safetensors "
+        "hold neither"
     )
 
 

@@ -1,4 +1,4 @@
-"""Gemma's end of turn on the engine, Gemma 2's `<end_of_turn>` and Gemma 4's `<turn|>`
+"""Gemma's end of turn on the engine, Gemma 2's and 3's `<end_of_turn>` and Gemma 4's `<turn|>`
 (engine-marked; their own engines, started before the session rollout's: tests/conftest.py).
 
 The random replicas almost never sample it, so the test first syncs it
@@ -21,15 +21,30 @@ pytestmark = pytest.mark.engine
 
 
 # replica -> (its end-of-turn token and id, what `chat_extend` adds after a reply, whether its
-# norms scale by (1 + w) (Gemma 2) or w (Gemma 4))
+# norms scale by (1 + w) (Gemma 2 and 3) or w (Gemma 4), its dtype). Gemma 3 4B's is bfloat16:
+# its text_config names no dtype, so the engine's "auto" must come from the top level.
 REPLICAS = {
     "gemma-2-2b-it": (
         "<end_of_turn>",
         107,
         "\n<start_of_turn>user\nAgain.<end_of_turn>\n<start_of_turn>model\n",
         True,
+        "float32",
     ),
-    "gemma-4-31b-it": ("<turn|>", 106, "\n<|turn>user\nAgain.<turn|>\n<|turn>model\n", False),
+    "gemma-3-4b-it": (
+        "<end_of_turn>",
+        106,
+        "\n<start_of_turn>user\nAgain.<end_of_turn>\n<start_of_turn>model\n",
+        True,
+        "bfloat16",
+    ),
+    "gemma-4-31b-it": (
+        "<turn|>",
+        106,
+        "\n<|turn>user\nAgain.<turn|>\n<|turn>model\n",
+        False,
+        "float32",
+    ),
 }
 
 
@@ -49,6 +64,7 @@ def end_of_turn_first(model, token: int, unit_offset: bool, constant: float = 4.
 
 @pytest.mark.parametrize("like", sorted(REPLICAS))
 def test_end_of_turn_ends_a_completion_and_a_session_goes_on_after_it(like, tmp_path):
+    import jax
     from flax import nnx
 
     from sgl_jax_rollout.rollout import SglangJaxRollout
@@ -57,14 +73,17 @@ def test_end_of_turn_ends_a_completion_and_a_session_goes_on_after_it(like, tmp_
     from tests.sgl_jax_rollout.test_rollout import config
     from tunix_adapter.models import load_tunix_model
 
-    name, expected_id, added_turn, unit_offset = REPLICAS[like]
-    model_dir = make_tiny_model(tmp_path / like, like=like, dtype="float32")
+    name, expected_id, added_turn, unit_offset, dtype = REPLICAS[like]
+    model_dir = make_tiny_model(tmp_path / like, like=like, dtype=dtype)
     settings = one_bucket_settings(rows=2, tokens=256, context_length=256, total=1024)
     rollout = SglangJaxRollout(model_path=model_dir, engine_settings=settings)
     try:
         tokenizer = rollout.engine.tokenizer
         end_of_turn = tokenizer.convert_tokens_to_ids(name)
         assert end_of_turn == expected_id and rollout.eos_id() == 1
+        # The embedding and the projections (the norms' weights are float32 either way).
+        leaves = jax.tree_util.tree_leaves(rollout.engine.engine_state())
+        assert {x.dtype.name for x in leaves if x.ndim == 2} == {dtype}
         # swa_mapping_not_static: no numpy static metadata on the CPU attention (a second
         # Gemma 4 engine in this process, after test_families_engine's, failed at its first step)
         assert "swa_index_mapping" not in vars(rollout.engine.model_runner.attn_backend)

@@ -85,3 +85,54 @@ def test_models_routes_gemma3_text_to_tunix_s_gemma3(replica_config, tmp_path):
 
     (tmp_path / "config.json").write_text(json.dumps(replica_config))
     assert tunix_model_config(tmp_path).sliding_window_size == 256
+
+
+@pytest.fixture(scope="module")
+def multimodal_dir(tmp_path_factory):
+    from sgl_jax_rollout.tiny_model import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("g3mm") / "g3mm", like="gemma-3-4b-it")
+
+
+def test_a_multimodal_checkpoint_trains_its_text_part_with_the_defaults_it_leaves_out(
+    multimodal_dir,
+):
+    """Gemma 3 4B's text_config lists its sizes, window and RoPE scaling; head_dim, the query
+    scale, both RoPE bases, the layer kinds and the dtype come from transformers' defaults and
+    the top level. tunix loads the language model's weights bit for bit and skips the vision
+    tower."""
+    import numpy as np
+    from safetensors.numpy import load_file
+
+    from tunix_adapter.models import load_tunix_model, tunix_model_config
+
+    config = tunix_model_config(multimodal_dir)
+    assert (config.num_heads, config.num_kv_heads, config.head_dim) == (4, 2, 256)
+    assert (config.sliding_window_size, config.global_scale_factor) == (256, 8.0)
+    assert (config.local_base_frequency, config.global_base_frequency) == (10_000, 1_000_000)
+    assert config.vision_config is None and str(config.param_dtype) == "bfloat16"
+    model = load_tunix_model(multimodal_dir)
+    tensors = load_file(str(multimodal_dir / "model.safetensors"))
+    embedding = tensors["language_model.model.embed_tokens.weight"]
+    np.testing.assert_array_equal(np.asarray(model.embedder.input_embedding.value), embedding)
+
+
+def test_a_multimodal_checkpoint_under_transformers_in_memory_names_is_refused(
+    multimodal_dir, tmp_path
+):
+    """tunix's loader reads `language_model.model.` or `model.`: under `model.language_model.`
+    it would skip every weight of the language model."""
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    from tunix_adapter.models import load_tunix_model
+
+    copy = shutil.copytree(multimodal_dir, tmp_path / "renamed")
+    tensors = load_file(str(copy / "model.safetensors"))
+    renamed = {
+        k.replace("language_model.model.", "model.language_model."): v for k, v in tensors.items()
+    }
+    save_file(renamed, str(copy / "model.safetensors"))
+    with pytest.raises(ValueError, match="sit under 'model.language_model.'"):
+        load_tunix_model(copy)

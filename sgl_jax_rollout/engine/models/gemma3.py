@@ -1,8 +1,10 @@
 """Gemma 3 text (`Gemma3ForCausalLM`, HF model_type `gemma3_text`) for sgl-jax, on its Gemma 2.
 
-Owns `Gemma3ForCausalLM` (the `EntryClass`), its attention and `LinearScalingRotaryEmbedding`
-(HF's "linear" `rope_scaling`, which sgl-jax's `get_rope` lacks at cddbf6f1). Checked against
-transformers 4.57 `models/gemma3/modeling_gemma3.py`. Gemma 3 is Gemma 2's decoder with:
+Owns `Gemma3ForCausalLM`, `Gemma3ForConditionalGeneration` (the same model on a multimodal
+checkpoint's `text_config`, its weights under `language_model.`; both in `EntryClass`), their
+attention and `LinearScalingRotaryEmbedding` (HF's "linear" `rope_scaling`, which sgl-jax's
+`get_rope` lacks at cddbf6f1). Checked against transformers 4.57
+`models/gemma3/modeling_gemma3.py`. Gemma 3 is Gemma 2's decoder with:
 
 - q / k RMSNorm over head_dim, Gemma's `x * (1 + w)`, after the projections and before RoPE;
 - each layer's kind from the config's `layer_types` (`sliding_attention` / `full_attention`;
@@ -18,7 +20,8 @@ The same as Gemma 2, and inherited from sgl-jax's `srt/models/gemma2.py`: querie
 four norms around attention and MLP (`Gemma2DecoderLayer.__call__`), the tanh-GeLU MLP
 (`Gemma2MLP`), tied embeddings, HF's weight names (`_create_weight_mappings`, plus the q / k
 norms). sgl-jax's layers come through `engine.upstream` (checked at engine start); a copy sent
-upstream imports the same names from `sgl_jax.srt` and is otherwise this file.
+upstream imports the same names from `sgl_jax.srt`, brings `utils.model_dir.checkpoint_prefix`
+(twenty lines) along, and is otherwise this file.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from sgl_jax_rollout.engine import upstream
+from sgl_jax_rollout.utils.model_dir import LANGUAGE_MODEL_PREFIXES, checkpoint_prefix
 
 Embed = upstream.get("Embed")
 Gemma2DecoderLayer = upstream.get("Gemma2DecoderLayer")
@@ -235,4 +239,23 @@ class Gemma3ForCausalLM(Gemma2ForCausalLM):
         return mappings
 
 
-EntryClass = Gemma3ForCausalLM
+class Gemma3ForConditionalGeneration(Gemma3ForCausalLM):
+    """The text part of a multimodal Gemma 3 checkpoint (4B, 12B, 27B): `Gemma3ForCausalLM` on
+    the config's `text_config`, its weights read under the prefix the checkpoint uses
+    (`utils.model_dir.checkpoint_prefix`). The vision tower and the projector are not loaded:
+    prompts are text only."""
+
+    def __init__(self, config: Any, mesh: jax.sharding.Mesh, dtype=jnp.bfloat16):
+        super().__init__(config.text_config, mesh, dtype)
+        self.weight_prefix = LANGUAGE_MODEL_PREFIXES[0]
+
+    def load_weights(self, model_config: Any) -> None:
+        self.weight_prefix = checkpoint_prefix(model_config.model_path, self.__class__.__name__)
+        super().load_weights(model_config)
+
+    def _create_weight_mappings(self) -> dict:
+        text = super()._create_weight_mappings()
+        return {name.replace("model.", self.weight_prefix, 1): m for name, m in text.items()}
+
+
+EntryClass = [Gemma3ForCausalLM, Gemma3ForConditionalGeneration]

@@ -225,10 +225,12 @@ instead of raising.
 - `gemma3_text`: `Gemma3ForCausalLM` (`engine/models/gemma3.py`, Gemma 3's text model built
   on sgl-jax's Gemma 2: q / k norms, a RoPE base per layer kind with the full layers' linear
   scaling, windowed and full layers by `layer_types`) added to `ModelRegistry.models`
-  (`models/registry.py`); sgl-jax at cddbf6f1 has `gemma2.py` and `gemma4.py` only, and a
-  `Gemma3ForCausalLM` checkpoint failed at start ("not supported"). To drop when upstream
-  ships its own with the same HF weight names: `test_gemma3_is_registered_for_the_engine`
-  then finds the name registered before `install`.
+  (`models/registry.py`), and `Gemma3ForConditionalGeneration`, the same model on a
+  multimodal checkpoint's `text_config` (4B and up; weights under `language_model.model.` or
+  `model.language_model.`, the vision tower not loaded); sgl-jax at cddbf6f1 has `gemma2.py`
+  and `gemma4.py` only, and a Gemma 3 checkpoint failed at start ("not supported"). To drop
+  when upstream ships its own with the same HF weight names:
+  `test_gemma3_is_registered_for_the_engine` then finds a name registered before `install`.
 
 ## Lifecycle (`lifecycle.py`)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from sgl_jax_rollout.tiny_model.families import (
     gemma2,
     gemma3,
+    gemma3_multimodal,
     gemma4,
     llama,
     qwen2,
@@ -29,5 +30,6 @@ FAMILIES: dict[str, Family] = {
         qwen3_moe.FAMILY,
         gemma4.FAMILY,
         gemma3.FAMILY,
+        gemma3_multimodal.FAMILY,
     )
 }

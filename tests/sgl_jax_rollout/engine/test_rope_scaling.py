@@ -52,6 +52,12 @@ def test_our_gemma3_applies_linear_scaling_only():
     check_rope_scaling(config("Gemma3ForCausalLM", {"rope_type": "linear", "factor": 8.0}))
     with pytest.raises(ValueError, match="'yarn'.*Gemma3ForCausalLM"):
         check_rope_scaling(config("Gemma3ForCausalLM", YARN))
+    # A multimodal checkpoint names its scaling in its text_config.
+    nested = {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3"}
+    text = {"model_type": "gemma3_text", "rope_scaling": {"rope_type": "linear", "factor": 8.0}}
+    check_rope_scaling({**nested, "text_config": text})
+    with pytest.raises(ValueError, match="'yarn'.*Gemma3ForConditionalGeneration"):
+        check_rope_scaling({**nested, "text_config": {**text, "rope_scaling": YARN}})
 
 
 @pytest.mark.parametrize(

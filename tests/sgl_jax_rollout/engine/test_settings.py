@@ -95,3 +95,19 @@ def test_a_model_whose_window_layers_keep_their_own_kv_shape_gets_the_hybrid_poo
     assert not window_kv_differs({"head_dim": 256, "num_key_value_heads": 4})
     args = EngineSettings().server_args("/m", "cpu", window_kv_differs=True)
     assert "disable_hybrid_swa_memory" not in args
+
+
+def test_auto_dtype_of_a_multimodal_checkpoint_is_its_top_level_dtype():
+    """Gemma 3 4B's text_config names no dtype; sgl-jax would resolve "auto" to float32 from
+    it while the trainer loads the checkpoint's bfloat16."""
+    from sgl_jax_rollout.engine.settings import served_dtype
+
+    text = {"model_type": "gemma3_text", "hidden_size": 64}
+    nested = {"torch_dtype": "bfloat16", "text_config": text}
+    assert served_dtype("auto", nested) == "bfloat16"
+    assert served_dtype("float32", nested) == "float32"
+    assert served_dtype("auto", {**nested, "torch_dtype": None, "dtype": "float16"}) == "float16"
+    named = {"torch_dtype": "bfloat16", "text_config": {**text, "torch_dtype": "float32"}}
+    assert served_dtype("auto", named) == "float32"
+    assert served_dtype("auto", {"torch_dtype": "bfloat16"}) == "auto"  # sgl-jax reads it
+    assert served_dtype("auto", {"text_config": text}) == "auto"  # no dtype anywhere

@@ -309,7 +309,7 @@ def _safetensors_dtypes(path) -> set[str]:
 def test_presets_are_exported():
     from sgl_jax_rollout.tiny_model import LIKE_PRESETS
 
-    assert sorted([*REAL, GEMMA3, GEMMA4]) == sorted(LIKE_PRESETS)
+    assert sorted([*REAL, GEMMA3, GEMMA3_4B, GEMMA4]) == sorted(LIKE_PRESETS)
 
 
 # google/gemma-3-1b-it's config.json and generation_config.json (window 512 there, 256 in the
@@ -387,6 +387,46 @@ def test_gemma3_replica_keeps_the_checkpoints_config(tmp_path):
 
 # google/gemma-4-31B-it's config.json (text_config) and generation_config.json, written from
 # the checkpoint's values (window 1,024 there, 256 in the replica), not from the builder.
+# google/gemma-3-4b-it's config.json keys, and those its text_config lists (the replica also
+# names its head counts and vocabulary, whose tiny sizes are not transformers' defaults).
+GEMMA3_4B = "gemma-3-4b-it"
+GEMMA3_4B_KEYS = {
+    *("architectures", "boi_token_index", "eoi_token_index", "eos_token_id"),
+    *("image_token_index", "initializer_range", "mm_tokens_per_image", "model_type"),
+    *("text_config", "torch_dtype", "vision_config"),
+}
+GEMMA3_4B_TEXT_KEYS = {
+    *("hidden_size", "intermediate_size", "model_type", "num_hidden_layers", "rope_scaling"),
+    *("sliding_window", "num_attention_heads", "num_key_value_heads", "vocab_size"),
+}
+
+
+def test_the_multimodal_gemma3_replica_keeps_the_checkpoints_layout(tmp_path):
+    """`Gemma3ForConditionalGeneration` (model_type gemma3): the language model's config under
+    `text_config` with only the keys the checkpoint lists there and no dtype (the top level
+    holds it), its weights under `language_model.model.`, a SigLIP vision tower and the
+    projector beside them under HF's names; the same bytes again."""
+    from safetensors.numpy import load_file
+
+    directory = make_tiny_model(tmp_path / "g3mm", like=GEMMA3_4B)
+    config = json.loads((directory / "config.json").read_text())
+    assert set(config) == GEMMA3_4B_KEYS and set(config["text_config"]) == GEMMA3_4B_TEXT_KEYS
+    assert config["architectures"] == ["Gemma3ForConditionalGeneration"]
+    assert (config["model_type"], config["text_config"]["model_type"]) == ("gemma3", "gemma3_text")
+    assert config["text_config"]["rope_scaling"] == {"factor": 8.0, "rope_type": "linear"}
+    assert (config["torch_dtype"], config["eos_token_id"]) == ("bfloat16", [1, 106])
+    assert config["vision_config"]["model_type"] == "siglip_vision_model"
+    tensors = load_file(str(directory / "model.safetensors"))
+    text = [n for n in tensors if n.startswith("language_model.model.")]
+    other = sorted({n.split(".")[0] for n in tensors} - {"language_model"})
+    assert other == ["multi_modal_projector", "vision_tower"]
+    assert tensors["language_model.model.layers.0.self_attn.k_norm.weight"].shape == (256,)
+    assert tensors["language_model.model.layers.0.self_attn.k_proj.weight"].shape == (512, 64)
+    assert len(text) == 2 + 6 * 13  # embedding, final norm; 13 tensors a layer, 6 layers
+    again = make_tiny_model(tmp_path / "again", like=GEMMA3_4B)
+    assert _digest(again) == _digest(directory)
+
+
 GEMMA4 = "gemma-4-31b-it"
 GEMMA4_TEXT = {
     "model_type": "gemma4_text",

@@ -57,3 +57,57 @@ def test_missing_weights_and_a_tokenizer_that_does_not_load_are_named(copy):
         (copy / extra).unlink(missing_ok=True)
     with pytest.raises(ValueError, match=r"model's tokenizer does not load \("):
         load_tokenizer(copy)
+
+
+# google/gemma-3-4b-it's config.json, its text_config as the checkpoint lists it.
+GEMMA3_4B = {
+    "architectures": ["Gemma3ForConditionalGeneration"],
+    "model_type": "gemma3",
+    "torch_dtype": "bfloat16",
+    "text_config": {
+        "hidden_size": 2560,
+        "intermediate_size": 10240,
+        "model_type": "gemma3_text",
+        "num_hidden_layers": 34,
+        "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+        "sliding_window": 1024,
+    },
+}
+
+
+def test_a_nested_text_config_is_filled_as_transformers_fills_it_with_the_checkpoints_dtype():
+    from sgl_jax_rollout.utils.model_dir import language_config
+
+    text = language_config(GEMMA3_4B)
+    heads = (text["num_attention_heads"], text["num_key_value_heads"], text["head_dim"])
+    assert heads == (8, 4, 256)
+    assert (text["vocab_size"], text["query_pre_attn_scalar"]) == (262_208, 256)
+    assert (text["rope_theta"], text["rope_local_base_freq"]) == (1_000_000.0, 10_000.0)
+    assert (
+        text["layer_types"]
+        == (["sliding_attention"] * 5 + ["full_attention"]) * 5 + ["sliding_attention"] * 4
+    )
+    assert (text["sliding_window"], text["rope_scaling"]["factor"]) == (1024, 8.0)
+    assert text["tie_word_embeddings"] is True and text["torch_dtype"] == "bfloat16"
+    flat = {"model_type": "qwen3", "vocab_size": 5}
+    assert language_config(flat) is flat
+    # A text model transformers 4.57 does not know (Gemma 4) is taken as written.
+    gemma4 = {"text_config": {"model_type": "gemma4_text", "head_dim": 256, "dtype": "bfloat16"}}
+    assert language_config(gemma4) == gemma4["text_config"]
+
+
+def test_the_language_models_prefix_is_read_from_the_safetensors_headers(tmp_path):
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from sgl_jax_rollout.utils.model_dir import checkpoint_prefix
+
+    for name, prefix in [("saved", "language_model.model."), ("memory", "model.language_model.")]:
+        (tmp_path / name).mkdir()
+        tensors = {prefix + "embed_tokens.weight": np.zeros((2, 2), np.float32)}
+        save_file(tensors, str(tmp_path / name / "model-00001-of-00001.safetensors"))
+        assert checkpoint_prefix(tmp_path / name, "Gemma3ForConditionalGeneration") == prefix
+    (tmp_path / "flat").mkdir()
+    save_file({"model.embed_tokens.weight": np.zeros(2)}, str(tmp_path / "flat" / "m.safetensors"))
+    with pytest.raises(ValueError, match="language_model.model. or model.language_model."):
+        checkpoint_prefix(tmp_path / "flat", "Gemma3ForConditionalGeneration")

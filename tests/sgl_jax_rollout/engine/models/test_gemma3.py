@@ -121,6 +121,41 @@ def test_gemma3_is_registered_for_the_engine():
     from sgl_jax_rollout.engine.models import gemma3
     from sgl_jax_rollout.engine.patches import models
 
-    assert "Gemma3ForCausalLM" not in upstream.module("models.registry").import_model_classes()
+    upstreams = upstream.module("models.registry").import_model_classes()
+    names = ["Gemma3ForCausalLM", "Gemma3ForConditionalGeneration"]
+    assert not set(names) & set(upstreams)
     models.install()
-    assert upstream.get("ModelRegistry").models["Gemma3ForCausalLM"] is gemma3.EntryClass
+    registered = upstream.get("ModelRegistry").models
+    assert [registered[name] for name in names] == gemma3.EntryClass
+
+
+@pytest.mark.parametrize("prefix", ["language_model.model.", "model.language_model."])
+def test_the_multimodal_checkpoints_text_part_maps_every_parameter_under_its_prefix(prefix):
+    """`Gemma3ForConditionalGeneration` builds the text model of `text_config` and reads its
+    weights under the prefix the checkpoint uses (`load_weights` sets it from the headers,
+    `utils.model_dir.checkpoint_prefix`); the vision tower is not built."""
+    from flax import nnx
+    from transformers import Gemma3Config
+
+    from sgl_jax_rollout.engine.models.gemma3 import Gemma3ForConditionalGeneration
+
+    config = Gemma3Config(
+        text_config=text_config(rope_scaling={"rope_type": "linear", "factor": 8.0}).to_dict(),
+        vision_config={"hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2},
+    )
+    mesh = jax.make_mesh(
+        (1, 1), ("data", "tensor"), axis_types=(jax.sharding.AxisType.Explicit,) * 2
+    )
+    with jax.set_mesh(mesh):
+        model = nnx.eval_shape(
+            lambda: Gemma3ForConditionalGeneration(config, mesh=mesh, dtype=np.float32)
+        )
+    model.weight_prefix = prefix
+    mappings = model._create_weight_mappings()
+    params = {".".join(map(str, path)) for path, _ in nnx.to_flat_state(nnx.state(model))}
+    assert {m.target_path for m in mappings.values()} == params
+    assert all(name.startswith(prefix) for name in mappings)
+    assert mappings[prefix + "layers.5.self_attn.k_norm.weight"].target_path == (
+        "model.layers.5.self_attn.k_norm.weight"
+    )
+    assert model.model.layers[5].self_attn.rotary_emb.scaling_factor == 8.0
