@@ -26,7 +26,8 @@ the weight sync (two copies of the engine's weights while it maps the new ones, 
 pool where that is kept; after a release the KV pool comes back once the new weights are in).
 
 The parameter count is the checkpoint's own (safetensors headers) where the weights are
-there, else counted from the config (dense Qwen / Llama layout).
+there, else counted from the config (dense Qwen / Llama layout); of a multimodal checkpoint,
+its language model's (its `text_config`; the vision tower is loaded by neither side).
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ def plan(
         raise ValueError(f"lora_rank must be >= 0, got {lora_rank}")
     config = model_dir_lib.read_config(model_dir)
     try:
-        shape = _Shape.of(config)
+        shape = _Shape.of(model_dir_lib.language_config(config))
     except KeyError as err:
         raise model_dir_lib.missing_key(model_dir, config, err) from None
     params = parameter_count(model_dir, config)
@@ -145,8 +146,17 @@ def plan(
     return Plan(trainer, engine, chip, source, peaks, fits, _advice(fits, peaks, chip, kv, act))
 
 
+# A multimodal checkpoint's language model (the part trainer and engine load): its tensors'
+# names begin with one of these (`utils.model_dir.LANGUAGE_MODEL_PREFIXES`, Gemma 4's
+# `model.language_model.`, an untied `lm_head`).
+_LANGUAGE_MODEL_NAMES = ("language_model.", "model.language_model.", "lm_head.")
+
+
 def parameter_count(model_dir: str | Path, config: dict) -> int:
-    """The checkpoint's parameters: from its safetensors headers, else from the config."""
+    """The checkpoint's parameters: from its safetensors headers, else from the config. Of a
+    multimodal checkpoint (a `text_config`), its language model's only: neither the trainer nor
+    the engine loads the vision tower."""
+    nested = "text_config" in config
     files = sorted(Path(model_dir).glob("*.safetensors"))
     if files:
         from safetensors import safe_open
@@ -155,9 +165,10 @@ def parameter_count(model_dir: str | Path, config: dict) -> int:
         for file in files:
             with safe_open(file, "numpy") as f:
                 names = f.keys()  # a safetensors file, not a dict
-                count += sum(math.prod(f.get_slice(k).get_shape()) for k in names)
+                kept = [k for k in names if not nested or k.startswith(_LANGUAGE_MODEL_NAMES)]
+                count += sum(math.prod(f.get_slice(k).get_shape()) for k in kept)
         return count
-    return _Shape.of(config).params()
+    return _Shape.of(model_dir_lib.language_config(config)).params()
 
 
 @dataclasses.dataclass(frozen=True)

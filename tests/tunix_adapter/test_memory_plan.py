@@ -80,6 +80,31 @@ def test_a_v5e_8_kv_pool_is_what_the_fraction_leaves(tmp_path):
     assert result.peaks["KV released"] < result.peaks["kept"]
 
 
+def test_a_multimodal_checkpoint_is_planned_by_its_language_model(tmp_path):
+    """Gemma 3 4B: the sizes from its text_config (filled as transformers fills it: the 4B's
+    names no head count or head_dim), the parameters its language model's tensors only (the
+    vision tower and projector are loaded by neither side). Before, `plan` stopped at a
+    missing top-level key."""
+    import math
+
+    from safetensors import safe_open
+
+    import tpu_configs
+    from sgl_jax_rollout.tiny_model import make_tiny_model
+
+    model_dir = make_tiny_model(tmp_path / "g3mm", like="gemma-3-4b-it")
+    config = json.loads((model_dir / "config.json").read_text())
+    with safe_open(str(model_dir / "model.safetensors"), "numpy") as f:
+        names = f.keys()  # a safetensors file, not a dict
+        sizes = {k: math.prod(f.get_slice(k).get_shape()) for k in names}
+    language = sum(n for k, n in sizes.items() if k.startswith("language_model.model."))
+    assert parameter_count(model_dir, config) == language < sum(sizes.values())
+    result = plan(model_dir, tpu_configs.load("v5e-8"), batch=2, seq_len=256)
+    assert result.engine["weights"] == language * 2 // 8  # bfloat16 over tp 8
+    cell = 6 * 2 * 1 * 256 * 2  # 6 layers, 2 KV heads over tp 8: one a device, head_dim 256
+    assert result.engine["KV pool"] % cell == 0
+
+
 def test_the_cli_exits_1_where_nothing_fits(tmp_path, capsys):
     from sgl_jax_rollout_apps.cli import main
 
