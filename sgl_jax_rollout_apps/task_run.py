@@ -2,19 +2,20 @@
 steps, where each step's time goes, and the two-rollout comparison with its plot.
 
 Owns `TaskRun`. Its `batches` generator is what the learner trains on: batches of
-`prompts_per_step` of the task's chat prompts, drawn in order from the task's endless training
-stream, with their answers as a dataset column. Step k's batch is the first one tunix takes once
-k steps have synced their weights (the cluster's `global_steps` moved k times since the first
-batch; tunix moves it at each sync): before it, the held-out greedy accuracy is measured at
-steps 0, `eval_every`, 2 x `eval_every`, ..., through the run's own rollout on the weights it
-holds then. Batches taken before the next sync are dynamic sampling's extra prompts for the same
-step (`filter_groups`, over-sampling, partial rollouts draw them from the data iterator, as
-verl's DAPO trainer draws from its dataloader): they start no step and no evaluation. `finish`
-measures the accuracy once more after the last step. Wall time per step is the time between two
-steps' batches less the evaluation between them; `phases` splits it (rollout, with dynamic
-sampling's rounds; trainer scoring; actor update; weight sync) by timing the cluster's own
-methods. `compare` runs the same task with each rollout on the same seeds and writes
-`summary.json` and `task.png` (held-out accuracy, reward mean and wall time per step).
+`prompts_per_step` of the task's prompts (in the style `tasks.prompt_style` picks), drawn in
+order from the task's endless training stream, with their answers as a dataset column. Step k's
+batch is the first one tunix takes once k steps have synced their weights (the cluster's
+`global_steps` moved k times since the first batch; tunix moves it at each sync): before it, the
+held-out greedy accuracy is measured at steps 0, `eval_every`, 2 x `eval_every`, ..., through
+the run's own rollout on the weights it holds then. Batches taken before the next sync are
+dynamic sampling's extra prompts for the same step (`filter_groups`, over-sampling, partial
+rollouts draw them from the data iterator, as verl's DAPO trainer draws from its dataloader):
+they start no step and no evaluation. `finish` measures the accuracy once more after the last
+step. Wall time per step is the time between two steps' batches less the evaluation between
+them; `phases` splits it (rollout, with dynamic sampling's rounds; trainer scoring; actor
+update; weight sync) by timing the cluster's own methods. `compare` runs the same task with each
+rollout on the same seeds and writes `summary.json` and `task.png` (held-out accuracy, reward
+mean and wall time per step).
 """
 
 from __future__ import annotations
@@ -47,8 +48,10 @@ class TaskRun:
         self.cluster = cluster
         self.rollout_config = rollout_config
         tokenizer = cluster.tokenizer
-        held_out = self.task.held_out(config.eval_problems, config.seed)
-        self._eval_prompts = [self.task.prompt(tokenizer, p) for p in held_out]
+        self.style = tasks.prompt_style(config.prompt_style, tokenizer)
+        shots = self.task.examples() if self.style == "few-shot" else ()
+        held_out = self.task.held_out(config.eval_problems, config.seed, exclude=shots)
+        self._eval_prompts = [self.task.prompt(tokenizer, p, self.style) for p in held_out]
         self._eval_answers = [p.answer for p in held_out]
         self._tokenizer = tokenizer
         self._train = self.task.stream(config.seed, exclude=held_out)
@@ -82,7 +85,9 @@ class TaskRun:
                 log.info("step %d: dynamic sampling draws another %d prompts", step, per_step)
             problems = [next(self._train) for _ in range(per_step)]
             yield {
-                "prompts": np.array([self.task.prompt(self._tokenizer, p) for p in problems]),
+                "prompts": np.array(
+                    [self.task.prompt(self._tokenizer, p, self.style) for p in problems]
+                ),
                 "answer": np.array([p.answer for p in problems]),
             }
 
@@ -108,6 +113,7 @@ class TaskRun:
             self.rollout_config,
             self.config.prompts_per_step * self.config.num_generations,
             show_progress=self.config.show_progress,
+            style=self.style,
         )
         seconds = time.perf_counter() - start
         self._eval_seconds_since_last += seconds

@@ -79,8 +79,9 @@ def _parses(argv: list[str]) -> None:
 
 def test_every_readme_command_names_a_make_target_or_parses_as_the_cli():
     """The bash blocks' commands as written: `make T` names a target of the Makefile (its
-    DEMO_ARGS parse as `demo` options), `sgl-jax-rollout ...` parses, flags and values
-    (argparse exits on an unknown flag or choice), a launched command included."""
+    DEMO_ARGS parse as `demo` options, its MODEL as `demo --model`), `sgl-jax-rollout ...`
+    parses, flags and values (argparse exits on an unknown flag or choice), a launched command
+    included."""
     import shlex
 
     targets = set(re.findall(r"^([a-z-]+):", (ROOT / "Makefile").read_text(), re.MULTILINE))
@@ -92,6 +93,8 @@ def test_every_readme_command_names_a_make_target_or_parses_as_the_cli():
             assert words[1] in targets, line
             for extra in (w.split("=", 1)[1] for w in words[2:] if w.startswith("DEMO_ARGS=")):
                 _parses(["demo", *shlex.split(extra)])
+            for model in (w.split("=", 1)[1] for w in words[2:] if w.startswith("MODEL=")):
+                _parses(["demo", "--model", model])
         else:
             assert words[0] == "sgl-jax-rollout", line
             _parses(words[1:])

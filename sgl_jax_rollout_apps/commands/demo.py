@@ -30,7 +30,8 @@ RUN_SIZE_FLAGS = (
 
 
 def add_parser(sub: argparse._SubParsersAction, presets: str) -> None:
-    from sgl_jax_rollout_apps.tasks import TASKS
+    from sgl_jax_rollout_apps.real_model import DEFAULT_MODEL, MODELS
+    from sgl_jax_rollout_apps.tasks import PROMPT_STYLES, SHOTS, TASKS
 
     demo = sub.add_parser(
         "demo",
@@ -56,9 +57,24 @@ def add_parser(sub: argparse._SubParsersAction, presets: str) -> None:
         "--task",
         choices=sorted(TASKS),
         default=None,
-        help="a real task with a verifiable reward and held-out greedy accuracy (default model: "
-        "SmolLM2-135M-Instruct, built by make-real-model on first use; run-size flags not "
-        "given take the task run's defaults, demo.TASK_DEFAULTS); default: the toy task",
+        help="a real task with a verifiable reward and held-out greedy accuracy (on --model or "
+        "--model-path; run-size flags not given take the task run's defaults, "
+        "demo.TASK_DEFAULTS); default: the toy task",
+    )
+    demo.add_argument(
+        "--model",
+        choices=list(MODELS),
+        default=None,
+        help="the real checkpoint to train, built by make-real-model on first use (default with "
+        f"--task: {DEFAULT_MODEL}); not with --model-path",
+    )
+    demo.add_argument(
+        "--prompt-style",
+        choices=PROMPT_STYLES,
+        default="auto",
+        help="--task: chat (the task's system message in the model's chat template), few-shot "
+        f"({SHOTS} solved problems, one a line, then the question; the answer ends at a "
+        "newline), or auto: chat where the tokenizer has a chat template (the default)",
     )
     demo.add_argument(
         "--eval-every", type=int, default=None, help="--task: held-out accuracy every N steps"
@@ -230,6 +246,8 @@ def _demo(args: argparse.Namespace) -> int:
             algo=args.algo,
             rollout=args.rollout,
             model_path=args.model_path,
+            model=args.model,
+            prompt_style=args.prompt_style,
             out=args.out,
             seed=args.seed,
             num_iterations=args.num_iterations,
@@ -263,24 +281,31 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _run_size_fields(args: argparse.Namespace) -> dict:
-    """The run-size flags given; with --task, the task run's defaults (`TASK_DEFAULTS`) for the
-    others (else `DemoConfig`'s)."""
-    from sgl_jax_rollout_apps.demo import TASK_DEFAULTS
+    """The run-size flags given; with --task, the task run's defaults for the others
+    (`TASK_DEFAULTS`, under --model's own `MODEL_TASK_DEFAULTS`; else `DemoConfig`'s)."""
+    from sgl_jax_rollout_apps.demo_config import MODEL_TASK_DEFAULTS, TASK_DEFAULTS
 
     given = {name: getattr(args, name) for name in RUN_SIZE_FLAGS}
     given = {name: value for name, value in given.items() if value is not None}
-    return {**TASK_DEFAULTS, **given} if args.task else given
+    if not args.task:
+        return given
+    return {**TASK_DEFAULTS, **MODEL_TASK_DEFAULTS.get(args.model, {}), **given}
 
 
 def _task(config) -> int:
     from sgl_jax_rollout_apps import demo, task_run
+    from sgl_jax_rollout_apps.tasks import PromptStyleError
 
-    if config.rollout == "both":
-        summaries = task_run.compare(config, demo.run_task)
-        where = f"{config.out}/summary.json, plot in {config.out}/task.png"
-    else:
-        summaries = {config.rollout: demo.run_task(config)[1]}
-        where = f"{demo.output_dir(config)}/summary.json" if config.out else "not written"
+    try:
+        if config.rollout == "both":
+            summaries = task_run.compare(config, demo.run_task)
+            where = f"{config.out}/summary.json, plot in {config.out}/task.png"
+        else:
+            summaries = {config.rollout: demo.run_task(config)[1]}
+            where = f"{demo.output_dir(config)}/summary.json" if config.out else "not written"
+    except PromptStyleError as err:  # found once the checkpoint is there, before its engine
+        print(f"sgl-jax-rollout: error: demo --prompt-style: {err}", file=sys.stderr)
+        return 2
     for rollout, s in summaries.items():
         print(
             f"{config.task} with the {rollout} rollout: held-out greedy accuracy "

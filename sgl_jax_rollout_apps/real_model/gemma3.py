@@ -73,7 +73,10 @@ TITLE = "Gemma 3 270M (Q4_K_M weights dequantized to float32; Gemma terms apply)
 PERIOD = 6  # five windowed layers, then a full one
 LAYERS = 18
 # google/gemma-3-270m's config.json, float32 here; tied embeddings said explicitly (HF's
-# Gemma3TextConfig default).
+# Gemma3TextConfig default). Its transformers_version too: transformers 4.57 takes a local
+# checkpoint with over 100,000 tokens whose config.json names none for a Mistral one, and warns
+# on every tokenizer load of an "incorrect regex pattern" (`tokenization_utils_base.py`,
+# `_patch_mistral_regex`).
 CONFIG: dict[str, Any] = {
     "_sliding_window_pattern": PERIOD,
     "architectures": ["Gemma3ForCausalLM"],
@@ -105,6 +108,7 @@ CONFIG: dict[str, Any] = {
     "sliding_window": 512,
     "tie_word_embeddings": True,
     "torch_dtype": "float32",
+    "transformers_version": "4.55.0.dev0",
     "use_bidirectional_attention": False,
     "use_cache": True,
     "vocab_size": 262144,

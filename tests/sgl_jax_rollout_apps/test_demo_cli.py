@@ -5,6 +5,7 @@ import sys
 import pytest
 
 from sgl_jax_rollout_apps.cli import main
+from sgl_jax_rollout_apps.commands.demo import _run_size_fields
 from sgl_jax_rollout_apps.demo import DemoConfig
 
 
@@ -41,11 +42,29 @@ def test_preset_of_another_slice_exits_2_naming_the_device_count(capsys):
         ({"filter_groups": "dapo"}, "filter_groups"),
         ({"filter_groups": "verl", "rollout": "vanilla"}, "need the sglang_jax rollout"),
         ({"filter_groups": "verl", "task": "arithmetic", "rollout": "both"}, "sglang_jax"),
+        ({"model": "gemma-7b"}, "model must be one of smollm2-135m-instruct, gemma3-270m"),
+        ({"model": "gemma3-270m", "model_path": "/m"}, "model and model_path"),
+        ({"task": "arithmetic", "prompt_style": "zero-shot"}, "prompt_style must be one of"),
     ],
 )
 def test_bad_demo_settings_raise_naming_the_field(kwargs, field):
     with pytest.raises(ValueError, match=field):
         DemoConfig(**kwargs)
+
+
+def test_a_real_checkpoints_task_defaults_sit_between_the_tasks_and_the_flags():
+    import argparse
+
+    from sgl_jax_rollout_apps.commands.demo import add_parser
+    from sgl_jax_rollout_apps.demo_config import TASK_DEFAULTS
+
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers(), presets="")
+    fields = _run_size_fields(parser.parse_args(["demo", "--task", "arithmetic"]))
+    assert fields == TASK_DEFAULTS
+    args = ["demo", "--task", "arithmetic", "--model", "gemma3-270m", "--steps", "7"]
+    fields = _run_size_fields(parser.parse_args(args))
+    assert fields == {**TASK_DEFAULTS, "steps": 7, "eval_every": 5, "learning_rate": 1e-5}
 
 
 def test_bad_cli_values_exit_2_without_traceback(capsys):
@@ -62,3 +81,26 @@ def test_compare_against_vllm_off_tpu_exits_2(capsys):
 def test_compare_bad_values_exit_2(capsys):
     assert main(["compare", "--against", "vanilla", "--steps", "0"]) == 2
     assert "steps must be >= 1" in capsys.readouterr().err
+
+
+def test_chat_prompts_on_a_checkpoint_without_a_chat_template_exit_2_before_training(
+    tmp_path, capsys
+):
+    """The tokenizer is read before the cluster is built: no engine, no trainer, no weights."""
+    import json
+    import shutil
+
+    from sgl_jax_rollout.tiny_model import default_model_dir
+
+    source = default_model_dir()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(source / name, tmp_path / name)
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    assert not (tmp_path / "chat_template.jinja").exists()
+    argv = ["demo", "--task", "arithmetic", "--model-path", str(tmp_path), "--rollout", "vanilla"]
+    assert main([*argv, "--prompt-style", "chat", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "demo --prompt-style: prompt_style 'chat' needs a tokenizer with a chat template" in err
+    assert "Traceback" not in err and not (tmp_path / "out").exists()

@@ -54,7 +54,7 @@ def task_run(monkeypatch):
     cluster = _ClusterDouble(AutoTokenizer.from_pretrained(default_model_dir()))
     evaluated_at: list[int] = []
 
-    def evaluate(rollout, prompts, answers, config, rows_per_call, show_progress):
+    def evaluate(rollout, prompts, answers, config, rows_per_call, show_progress, style):
         assert rollout is cluster.rollout and len(prompts) == len(answers) == 8
         evaluated_at.append(cluster.global_steps)  # the weights the evaluation sees
         return 0.25 * len(evaluated_at)
