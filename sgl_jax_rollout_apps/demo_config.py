@@ -139,13 +139,10 @@ class DemoConfig:
             if self.model_path is not None:
                 raise ValueError("model and model_path name the checkpoint twice: give one")
         if self.task is not None:
-            from sgl_jax_rollout_apps.tasks import PROMPT_STYLES, task
+            from sgl_jax_rollout_apps.tasks import check_prompt_style, task
 
             task(self.task).held_out(self.eval_problems, self.seed)  # validates the count
-            if self.prompt_style not in PROMPT_STYLES:
-                raise ValueError(
-                    f"prompt_style must be one of {PROMPT_STYLES}, got {self.prompt_style!r}"
-                )
+            check_prompt_style(self.prompt_style)
             if self.eval_every < 1:
                 raise ValueError(f"eval_every must be >= 1, got {self.eval_every}")
             if self.eval_problems < 1:

@@ -141,12 +141,17 @@ class PromptStyleError(ValueError):
     """A prompt style the checkpoint's tokenizer cannot give (raised before the engine starts)."""
 
 
+def check_prompt_style(requested: str) -> None:
+    """PromptStyleError unless `requested` is one of `PROMPT_STYLES`."""
+    if requested not in PROMPT_STYLES:
+        raise PromptStyleError(f"prompt_style must be one of {PROMPT_STYLES}, got {requested!r}")
+
+
 def prompt_style(requested: str, tokenizer: Any) -> str:
     """The prompt style to use, "chat" or "few-shot": `requested`, where "auto" is "chat" when
     the tokenizer has a chat template; PromptStyleError for a style not in `PROMPT_STYLES` or
     for "chat" without a template."""
-    if requested not in PROMPT_STYLES:
-        raise PromptStyleError(f"prompt_style must be one of {PROMPT_STYLES}, got {requested!r}")
+    check_prompt_style(requested)
     has_template = bool(getattr(tokenizer, "chat_template", None))
     if requested == "chat" and not has_template:
         raise PromptStyleError(
