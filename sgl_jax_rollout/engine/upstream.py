@@ -78,6 +78,7 @@ SYMBOLS: dict[str, tuple[str, str]] = {
         "get_global_experts_capturer",
     ),
     "get_target_module_name": ("lora.utils", "get_target_module_name"),
+    "get_available_device_memory": ("utils.jax_utils", "get_available_device_memory"),
     # engine/models/ (models sgl-jax lacks, built from its own layers) and their registry
     "ModelRegistry": ("models.registry", "ModelRegistry"),
     "ModelRegistryClass": ("models.registry", "_ModelRegistry"),
@@ -117,6 +118,7 @@ FUNCTIONS: dict[str, tuple[str, ...]] = {
     ),
     "ModelRunner.sample": ("self", "logits_output", "sampling_metadata"),
     "ModelRunner.initialize_jit": ("self",),
+    "ModelRunner.get_available_device_memory": ("self",),
     "ModelRunner.init_memory_pool": ("self",),
     "ModelRunner.init_attention_backend": ("self",),
     "ModelRunner.__init__": ("self",),
@@ -156,6 +158,7 @@ FUNCTIONS: dict[str, tuple[str, ...]] = {
     "merge_kv": ("k", "v"),
     "get_global_experts_capturer": (),
     "get_target_module_name": ("full_module_name", "target_modules"),
+    "get_available_device_memory": ("device", "distributed", "device_indexes"),
     "AbortReq": ("rid",),
     "FINISH_ABORT": ("message",),
     # built on (engine/models/gemma3.py): the layers it makes and the Gemma 2 code it inherits
@@ -198,6 +201,7 @@ ATTRIBUTES: dict[str, tuple[str, ...]] = {
     "ModelRunner": (
         *("model", "model_state_leaves", "model_config", "mesh", "req_to_token_pool"),
         *("_sampler_base_rng", "forward", "sample", "memory_pools", "attn_backend"),
+        *("device", "server_args"),
     ),
     # memory.py (release / resume): the per-layer KV buffer lists, in place
     "MemoryPools": ("_pools",),

@@ -220,6 +220,15 @@ instead of raising.
   when a sampler config is traced: a trainer that changes it (to rbg, unsafe_rbg) after the
   engine started fails every new trace. A typed key carries its implementation.
 
+- `cpu_memory_balance`: wraps `ModelRunner.get_available_device_memory` so that on the CPU
+  device the engine sizes itself by the minimum free memory over every process (upstream's own
+  `get_available_device_memory`), without upstream's tensor-parallel balance check
+  (`model_runner.py:477-498`). On CPU each process reads the host's free RAM
+  (`jax_utils.py:192-197`) at its own moment, so two processes sharing a host (`launch`, the
+  simulated hosts) failed their start at random whenever one allocated between the reads
+  ("The memory capacity is unbalanced": 11.1 GB against 13.1 GB, seen in CI). Other devices
+  keep the check.
+
 ## Models (`models.py`): architectures sgl-jax lacks, registered
 
 - `gemma3_text`: `Gemma3ForCausalLM` (`engine/models/gemma3.py`, Gemma 3's text model built

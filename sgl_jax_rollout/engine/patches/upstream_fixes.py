@@ -4,7 +4,8 @@ the catalog, `patches/__init__.py`, and in each patch's docstring).
 Owns `install` for `llama3_rope_scaling`, `attention_head_dim_unpadded`,
 `attention_logit_cap`, `native_attention_per_rank` and `swa_pool_native_attention` (one wrapper
 of the CPU attention), `swa_mapping_copied`, `swa_mapping_not_static`, `cache_loc_copied`,
-`scheduler_faulthandler`, `sampler_key_typed`, `lora_text_config` and `lora_buffers_per_layer`;
+`scheduler_faulthandler`, `sampler_key_typed`, `cpu_memory_balance`, `lora_text_config` and
+`lora_buffers_per_layer`;
 `unpadded_heads`, the head cut the attention fix applies, and `window_slots`, the slot
 translation of the sliding-window pool.
 """
@@ -50,6 +51,7 @@ def install() -> None:
     wrap(get("Llama3RotaryEmbedding"), "__init__", _llama3_scaled_frequencies)
     wrap(get("ScheduleBatch"), "_merge_cache_loc", _cache_loc_copied)
     wrap(get("ModelRunner"), "initialize_jit", _typed_sampler_key)
+    wrap(get("ModelRunner"), "get_available_device_memory", _host_memory_unchecked_on_cpu)
     wrap(get("LoRAManager"), "__init__", _lora_manager_on_text_config)
     wrap(get("LoRAManager"), "init_memory_pool", _lora_buffers_per_layer)
 
@@ -295,3 +297,21 @@ def _typed_sampler_key(original, self, *args, **kwargs):
         impl = jax.config.jax_default_prng_impl
         self._sampler_base_rng = jax.random.wrap_key_data(key, impl=impl)
     return original(self, *args, **kwargs)
+
+
+def _host_memory_unchecked_on_cpu(original, self):
+    """cpu_memory_balance: on the CPU device, the free memory the engine sizes itself by is the
+    minimum over every process (upstream's own `get_available_device_memory`, distributed
+    where there are several), without upstream's tensor-parallel balance check
+    (`model_runner.py:477-498`: that minimum below 0.9 x this process's reading raises). On CPU
+    each reading is the host's free RAM (`psutil.virtual_memory().available`,
+    `utils/jax_utils.py:192-197`), taken at another moment: processes sharing a host (`launch`,
+    simulated hosts) failed their start at random when one allocated between two reads (seen:
+    11.1 GB against 13.1 GB). Other devices keep upstream's check."""
+    if self.device != "cpu":
+        return original(self)
+    return upstream.get("get_available_device_memory")(
+        self.device,
+        distributed=jax.process_count() != 1,
+        device_indexes=self.server_args.device_indexes,
+    )

@@ -208,3 +208,37 @@ def test_swa_pool_native_attention_writes_and_reads_each_layer_in_its_own_pool()
         children, _ = pool.tree_flatten()
         (copy,) = [c for c in children if isinstance(c, np.ndarray)]
         assert copy is not mapping and np.array_equal(copy, mapping)
+
+
+def test_cpu_memory_balance_sizes_by_the_minimum_without_the_balance_check(monkeypatch):
+    """Two readings of the host's free RAM that differ by more than 10% (another process freed
+    memory between them): upstream's check fails the start, the patched method returns the
+    minimum upstream computed, and a non-CPU device still gets upstream's method."""
+    import types
+
+    import psutil
+
+    from sgl_jax_rollout.engine import upstream
+    from sgl_jax_rollout.engine.patches import upstream_fixes
+
+    readings = []
+
+    def virtual_memory():  # 11 GB free, then 13 GB, then 11 GB, ...
+        readings.append((11, 13)[len(readings) % 2] << 30)
+        return types.SimpleNamespace(available=readings[-1])
+
+    monkeypatch.setattr(psutil, "virtual_memory", virtual_memory)
+    runner = types.SimpleNamespace(
+        device="cpu", tp_size=4, server_args=types.SimpleNamespace(device_indexes=None)
+    )
+    method = upstream.get("ModelRunner").get_available_device_memory
+    stock = getattr(method, "__wrapped__", method)  # upstream's, patched or not
+    with pytest.raises(ValueError, match="unbalanced"):
+        stock(runner)  # upstream: the first reading (11 GB) against 0.9 x the second (13 GB)
+
+    readings.clear()
+    assert upstream_fixes._host_memory_unchecked_on_cpu(stock, runner) == 11 << 30
+    assert readings == [11 << 30]
+
+    other = types.SimpleNamespace(device="tpu")
+    assert upstream_fixes._host_memory_unchecked_on_cpu(lambda self: "stock", other) == "stock"
