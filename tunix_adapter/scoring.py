@@ -1,18 +1,26 @@
 """tunix's trainer-side scoring of a rollout's completions, shared by `check` and `compare`.
 
 Owns `trainer_scores` (tunix's `compute_per_token_logps` on a rollout output, replaying the
-rollout's experts on a MoE where asked), `replays` (whether a rollout and trainer can) and
+rollout's experts on a MoE where asked; in one process, in chunks of rows whose logits fit
+`SCORING_LOGITS_BYTES`), `replays` (whether a rollout and trainer can) and
 `before_pad` (where a completion ends for tunix's trainer, which reads a pad id as padding).
 """
 
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
 import numpy as np
 
 from sgl_jax_rollout.rollout_inputs import right_pad_ids
+from tunix_adapter.models import vocab_size
 from tunix_adapter.process_batch import global_batch, local_rows, widest
+
+# What the trainer's float32 logits over every position of the rows it scores at once may take
+# (tunix's `compute_per_token_logps` holds them and their log-softmax): at Gemma 3's 262,144-id
+# vocabulary one row of 1,040 tokens is 1.1 GB, so `check`'s 2 prompts x 4 samples would be 8.7.
+SCORING_LOGITS_BYTES = 1 << 30
 
 
 def trainer_scores(
@@ -46,16 +54,41 @@ def trainer_scores(
             )
         routing = routing_replay.input_routing(out, prompts.shape[1], width)
         replayed = routing_replay.replaying(trainer, jnp.asarray(routing))
+    rows = len(prompts)
     with replayed:
         graphdef, state = nnx.split(trainer)
         if jax.process_count() > 1:  # the trainer's arrays span every host: so does the batch
             mesh = jax.tree_util.tree_leaves(state)[0].sharding.mesh
             prompts, completions = global_batch([prompts, completions], mesh, mesh.axis_names[:1])
-        logps, logits = per_token_logps_and_logits(
-            graphdef, state, prompts, completions, pad, rollout.eos_id(), temperature
-        )
-    rows = len(out.tokens)
-    return local_rows(logps, rows), local_rows(logits, rows)
+        # in one process, chunks of rows whose logits fit (a replayed routing covers them all)
+        chunk = len(prompts)
+        if jax.process_count() == 1 and not replay:
+            row_bytes = (prompts.shape[1] + width) * vocab_size(trainer.config) * 4
+            chunk = chunk_rows(rows, row_bytes)
+        parts = [
+            per_token_logps_and_logits(graphdef, state, p, c, pad, rollout.eos_id(), temperature)
+            for p, c in zip(row_chunks(prompts, chunk), row_chunks(completions, chunk), strict=True)
+        ]
+    if len(parts) == 1:
+        return local_rows(parts[0][0], rows), local_rows(parts[0][1], rows)
+    logps, logits = (np.concatenate([np.asarray(part[i]) for part in parts]) for i in (0, 1))
+    return logps[:rows], logits[:rows]
+
+
+def chunk_rows(rows: int, row_logits_bytes: int) -> int:
+    """Rows the trainer scores at once: all of them where their float32 logits over every
+    position fit `SCORING_LOGITS_BYTES`, else as many as fit (one at least)."""
+    return max(1, min(rows, SCORING_LOGITS_BYTES // row_logits_bytes))
+
+
+def row_chunks(array: Any, chunk: int) -> list[Any]:
+    """`array`'s rows in chunks of `chunk`, the last one filled with copies of its last row
+    (one shape, so one compiled program); `[array]` itself where one chunk holds it."""
+    if chunk >= len(array):
+        return [array]
+    pad = -len(array) % chunk
+    array = np.concatenate([array, np.repeat(array[-1:], pad, axis=0)]) if pad else array
+    return [array[i : i + chunk] for i in range(0, len(array), chunk)]
 
 
 def replays(rollout, trainer) -> bool:

@@ -6,7 +6,8 @@ config and weights come whole from `families/gemma4.py`),
 `model.safetensors` with seeded random float32 weights scaled so next-token distributions
 have varied, clearly non-uniform entropy, `generation_config.json`, and the tokenizer files
 (from `tokenizer.py`). The same seed gives the same bytes. The model's `vocab_size` equals the
-tokenizer's length, so no padded id exists (except in `real_size` models).
+tokenizer's length, so no padded id exists (except in `real_size` models); a preset with a
+`tokenizer_size` (Gemma 3's 262,144) has its tokenizer filled to that length.
 
 `make_tiny_model(dir, like=NAME)` writes the same tiny sizes and tokenizer with the config
 keys and features of a real checkpoint (`LIKE_PRESETS`): its architecture, RoPE theta and
@@ -44,6 +45,7 @@ from sgl_jax_rollout.tiny_model.tokenizer import (
     THINK_END,
     THINK_START,
     Vocabulary,
+    filled,
     train_tokenizer,
 )
 
@@ -137,6 +139,8 @@ def make_tiny_model(
 
     vocabulary = family.vocabulary or QWEN_STYLE
     tokenizer = train_tokenizer(vocab_size, seed, vocabulary)
+    if preset is not None and preset.tokenizer_size is not None:
+        tokenizer = filled(tokenizer, preset.tokenizer_size)
     vocab = max(tokenizer.get_vocab_size(), model_vocab or 0)
     roles = {"pad": vocabulary.pad, "bos": vocabulary.bos, "eos": vocabulary.eos}
     roles.update(think_start=THINK_START, think_end=THINK_END, end_of_turn=vocabulary.end_of_turn)

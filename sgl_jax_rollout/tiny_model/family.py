@@ -54,6 +54,8 @@ class LikePreset:
     - kv_heads: the checkpoint's KV head count where the replica keeps it (Gemma 3 1B: one),
       else the tiny shape's.
     - real, real_vocab: the checkpoint's sizes and model vocabulary (`real_size=True`).
+    - tokenizer_size: the checkpoint tokenizer's length, which the replica keeps at every size
+      (Gemma 3: 262,144; `tokenizer.filled`), and so the model's vocabulary.
     """
 
     arch: str
@@ -66,6 +68,7 @@ class LikePreset:
     kv_heads: int | None = None
     real: TinyShape | None = None
     real_vocab: int | None = None
+    tokenizer_size: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,6 +17,7 @@ Must not touch model weights.
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -190,6 +191,23 @@ such answer number tool call function search result reward step plan check sum a
 seven
 """.split()  # noqa: SIM905 (a word list reads better as text)
 _EXTRA = ["café", "naïve", "über", "日本語", "中文", "Ελληνικά", "emoji 🙂", "→", "±0.5", "x²"]
+
+
+def filled(tokenizer: Tokenizer, size: int) -> Tokenizer:
+    """`tokenizer` with `size` entries: each id from its length on is `<unusedK>` (K the id),
+    an entry of the BPE vocabulary that its merges never produce, so encoding is unchanged and
+    every id decodes (to its own name), as in a checkpoint whose vocabulary is that wide."""
+    have = tokenizer.get_vocab_size()
+    if size < have:
+        raise ValueError(f"size must be >= the tokenizer's {have} entries, got {size}")
+    data = json.loads(tokenizer.to_str())
+    vocab = data["model"]["vocab"]
+    for token_id in range(have, size):
+        name = f"<unused{token_id}>"
+        if name in vocab:
+            raise ValueError(f"{name} is already in the vocabulary at {vocab[name]}")
+        vocab[name] = token_id
+    return Tokenizer.from_str(json.dumps(data))
 
 
 def training_corpus(seed: int, lines: int = 4000) -> list[str]:

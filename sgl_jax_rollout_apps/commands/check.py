@@ -35,7 +35,8 @@ def add_parser(sub: argparse._SubParsersAction, presets: str) -> None:
         type=int,
         default=2,
         help="completions per prompt (>= 1; a group sharing one prefill, as GRPO's; the "
-        "trainer scores prompts x samples rows at once)",
+        "trainer scores prompts x samples rows at once, or in chunks whose float32 logits fit "
+        "1 GiB)",
     )
     chk.add_argument(
         "--prompt-tokens",

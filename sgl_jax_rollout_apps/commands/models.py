@@ -45,7 +45,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     )
     tiny.add_argument("--seed", type=int, default=0, help="seeds the random weights")
     tiny.add_argument(
-        "--vocab-size", type=int, default=DEFAULT_VOCAB, help="tokenizer and model vocabulary"
+        "--vocab-size",
+        type=int,
+        default=DEFAULT_VOCAB,
+        help="tokenizer and model vocabulary (a --like gemma-3-1b-it replica fills its "
+        "tokenizer to the checkpoint's 262,144 ids)",
     )
     tiny.add_argument(
         "--real-size",

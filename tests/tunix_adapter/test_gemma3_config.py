@@ -24,7 +24,7 @@ def test_the_replica_reaches_tunix_field_by_field(replica_config):
 
     config = gemma3_config(replica_config)
     norm = tunix_compat.model_module("gemma3", "model").QueryPreAttentionNormalisation
-    assert (config.num_layers, config.num_embed, config.embed_dim) == (6, 1024, 64)
+    assert (config.num_layers, config.num_embed, config.embed_dim) == (6, 262144, 64)
     assert (config.num_heads, config.num_kv_heads, config.head_dim) == (4, 1, 256)
     assert config.hidden_dim == replica_config["intermediate_size"]
     assert config.sliding_window_size == 256

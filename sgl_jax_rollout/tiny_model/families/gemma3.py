@@ -10,8 +10,9 @@ layers to one full (`layer_types`, `sliding_window_pattern` 6: six layers at lea
 is full), RoPE base 10,000 on the windowed layers and 1,000,000 on the full ones, no RoPE
 scaling (4B and up scale linearly), query scale 256 ** -0.5, no soft-caps, tanh GeLU, tied
 embeddings, `<eos>` and `<end_of_turn>` (1, 106) stopping, `<pad>` 0. The window is 256 (512
-in the checkpoint), shorter than the tests' prompts. The vocabulary is the tokenizer's, as for
-every replica (262,144 in the checkpoint: its logits would not fit the tests' memory on CPU).
+in the checkpoint), shorter than the tests' prompts. The vocabulary is the checkpoint's 262,144
+ids: the trained tokenizer filled with `<unusedK>` entries (`tokenizer.filled`), so the
+embedding, the logits and the sampler are as wide as the real model's.
 
 Must not import tunix or sgl_jax.
 """
@@ -59,6 +60,7 @@ PRESETS = {
         head_dim=256,
         max_positions=32768,
         kv_heads=1,
+        tokenizer_size=262144,
     ),
 }
 

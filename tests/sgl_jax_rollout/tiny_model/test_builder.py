@@ -11,6 +11,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from sgl_jax_rollout.tiny_model import make_tiny_model
+from sgl_jax_rollout.tiny_model.builder import DEFAULT_VOCAB
 
 PROMPTS = [
     "The answer is",
@@ -313,7 +314,7 @@ def test_presets_are_exported():
 
 
 # google/gemma-3-1b-it's config.json and generation_config.json (window 512 there, 256 in the
-# replica; 262,144 ids there, the tokenizer's here), written from the checkpoint's values.
+# replica), written from the checkpoint's values.
 GEMMA3 = "gemma-3-1b-it"
 GEMMA3_CONFIG = {
     "architectures": ["Gemma3ForCausalLM"],
@@ -323,6 +324,7 @@ GEMMA3_CONFIG = {
     "final_logit_softcapping": None,
     "head_dim": 256,
     "hidden_activation": "gelu_pytorch_tanh",
+    "vocab_size": 262144,
     "num_attention_heads": 4,
     "num_key_value_heads": 1,
     "query_pre_attn_scalar": 256,
@@ -366,6 +368,9 @@ def test_gemma3_replica_keeps_the_checkpoints_config(tmp_path):
     assert generation == GEMMA3_GENERATION
     tokenizer = AutoTokenizer.from_pretrained(str(directory))
     assert len(tokenizer) == config["vocab_size"]
+    # the filled ids decode to their names and no text encodes to them
+    assert tokenizer.decode([262143, 200000]) == "<unused262143><unused200000>"
+    assert max(tokenizer("say <unused200000> five times café").input_ids) < DEFAULT_VOCAB
     named = ["<pad>", "<eos>", "<bos>", "<mask>", "<start_of_turn>", "<end_of_turn>"]
     assert tokenizer.convert_tokens_to_ids(named) == [0, 1, 2, 4, 105, 106]
     chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
