@@ -8,7 +8,8 @@ Gemma vocabulary's special tokens at Gemma's own ids (`GEMMA`: `<pad>` 0, `<eos>
 (no system role, `model` for the assistant) and its BOS added to every encoded text; Gemma 3's
 (`GEMMA3`: `<mask>` 4, `<start_of_turn>` 105, `<end_of_turn>` 106, a system turn folded into the
 first user turn); and Gemma 4's (`GEMMA4`: its control tokens at their ids, `<|turn>` 105 and
-`<turn|>` 106, a system role).
+`<turn|>` 106, a system role). `filled` widens a trained tokenizer to a checkpoint's length
+with entries no text encodes to (the Gemma 3 replica's 262,144).
 Nothing is downloaded.
 
 Must not touch model weights.
