@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from sgl_jax_rollout.engine import memory, patches
+from sgl_jax_rollout.engine import memory, patches, rope_phases
 from sgl_jax_rollout.engine.availability import require_sgl_jax
 from sgl_jax_rollout.engine.collector import Collector, Completion
 from sgl_jax_rollout.engine.lora import LoraLayout, engine_lora_args
@@ -141,6 +141,11 @@ class RolloutEngine:
             sampler_configs=extra_sampler_configs([*settings.sampler_modes, *sampler_modes], valid),
             vocab_parallel=_vocab_parallel(settings, vocab),
             native_attention=settings.native_attention,
+            rope_phases=(
+                rope_phases.trainer_rule(self.model_type)
+                if settings.rope_phases == "trainer"
+                else "inv_freq"
+            ),
         )
         self._lock = threading.Lock()  # one call at a time
         self._process = EngineProcess(self._hooks, self._lock)

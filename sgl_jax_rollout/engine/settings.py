@@ -20,6 +20,7 @@ from sgl_jax_rollout.utils.model_dir import language_config
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ATTENTION_BACKENDS = ("fa", "native", "fa_mha")
 NATIVE_ATTENTIONS = ("paged", "upstream")
+ROPE_PHASES = ("trainer", "sgl-jax")
 SWITCHES = (
     "overlap_schedule",
     "vocab_parallel_sampler",
@@ -78,6 +79,14 @@ class EngineSettings:
     "upstream": sgl-jax's own, every row against every request's slots, page_size 1 only on
     CPU (it reads a larger page's slots at the wrong offsets), kept to compare with
     (`bench attention`). The TPU kernel is not affected.
+    `rope_phases` (default "trainer"): how the rotary phases are rounded in float32 (the
+    `rope_phases` patch, `engine/rope_phases.py`). "trainer": as tunix's model of the
+    checkpoint's `model_type` computes them (position divided by `base ** (2i / d)`, times its
+    reciprocal for qwen2), bit for bit the trainer's; "sgl-jax": upstream's (position times
+    inverse frequencies computed in numpy, as transformers does). Both are the checkpoint's
+    RoPE; they differ in the last bit of about half the phases, which on long contexts moves
+    logprobs by up to 1e-4 (Gemma 3 270M). RoPE with frequencies of its own (llama3 scaling,
+    YaRN, Gemma 4's) is upstream's under both.
     """
 
     dtype: str = "auto"
@@ -104,6 +113,7 @@ class EngineSettings:
     return_routed_experts: bool = False
     share_group_prefill: bool = True
     native_attention: str = "paged"
+    rope_phases: str = "trainer"
     compilation_cache_dir: str | None = None
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -120,6 +130,10 @@ class EngineSettings:
             raise ValueError(
                 f"native_attention must be one of {list(NATIVE_ATTENTIONS)}, "
                 f"got {self.native_attention!r}"
+            )
+        if self.rope_phases not in ROPE_PHASES:
+            raise ValueError(
+                f"rope_phases must be one of {list(ROPE_PHASES)}, got {self.rope_phases!r}"
             )
         _positive("context_length", self.context_length, low=16)
         _positive("max_running_requests", self.max_running_requests)

@@ -129,6 +129,7 @@ FUNCTIONS: dict[str, tuple[str, ...]] = {
         *("self", "head_size", "rotary_dim", "max_position_embeddings", "base"),
         "scaling_factor",
     ),
+    "RotaryEmbedding._compute_cos_sin": ("self", "positions"),
     "NativeAttention.__call__": (
         *("self", "q", "k", "v", "layer", "forward_batch", "token_to_kv_pool"),
     ),
@@ -250,7 +251,7 @@ ATTRIBUTES: dict[str, tuple[str, ...]] = {
         *("layer_id", "self_attn", "mlp", "input_layernorm", "post_attention_layernorm"),
         *("pre_feedforward_layernorm", "post_feedforward_layernorm"),
     ),
-    "RotaryEmbedding": ("_inv_freq_np",),
+    "RotaryEmbedding": ("_inv_freq_np", "rotary_dim", "base"),  # and patches/agreement.py
     "ModelRegistryClass": ("models",),
 }
 

@@ -65,6 +65,13 @@ def add_parser(sub: argparse._SubParsersAction, presets: str) -> None:
         help="what serves the CPU / GPU attention (default paged; upstream: sgl-jax's own, "
         "page size 1 only on CPU)",
     )
+    chk.add_argument(
+        "--rope-phases",
+        choices=["trainer", "sgl-jax"],
+        default=None,
+        help="how the engine rounds its RoPE phases (default trainer: as tunix's model of "
+        "the checkpoint does; sgl-jax: upstream's)",
+    )
     chk.set_defaults(func=_check)
 
 
@@ -87,6 +94,7 @@ def _check(args: argparse.Namespace) -> int:
                 ("dtype", args.dtype),
                 ("page_size", args.page_size),
                 ("native_attention", args.native_attention),
+                ("rope_phases", args.rope_phases),
             )
             if value is not None
         },

@@ -55,7 +55,10 @@ SLIDING, FULL = "sliding_attention", "full_attention"
 class LinearScalingRotaryEmbedding(RotaryEmbedding):
     """RoPE with HF's "linear" scaling: positions divided by `scaling_factor`, i.e. every
     inverse frequency divided by it (`modeling_rope_utils._compute_linear_scaling_rope_parameters`).
-    The phases read `_inv_freq_np` (numpy, so it stays concrete inside a model-building trace)."""
+    The phases read `_inv_freq_np` (numpy, so it stays concrete inside a model-building trace),
+    or are computed by the engine's `rope_phases` rule, the phase divided by the factor."""
+
+    linear_phase_scaling = True
 
     def __init__(
         self,

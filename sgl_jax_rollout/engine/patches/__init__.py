@@ -9,7 +9,7 @@ Overlap scheduling works as upstream runs it: what the sampler needs of a reques
 (tokens generated, penalty tables) lives on the device per request slot (`slot_state.py`),
 never read from the host's lagging output ids.
 
-The patches come in six kinds, one module each (below); `hooks.py` holds what they share.
+The patches come in seven kinds, one module each (below); `hooks.py` holds what they share.
 Containment (docs/design.md section 8): no fault on an engine thread may take the trainer's
 process down. `step_guard` keeps a failing step to its own requests; `contained_signals`
 and `watchdog` turn upstream's last resort, SIGQUIT to this process (or its parent), into an
@@ -229,6 +229,19 @@ instead of raising.
   ("The memory capacity is unbalanced": 11.1 GB against 13.1 GB, seen in CI). Other devices
   keep the check.
 
+## Trainer agreement (`agreement.py`): sgl-jax's numbers rounded as the trainer rounds them
+
+- `rope_phases`: wraps `layers.embeddings.RotaryEmbedding.__init__` and `_compute_cos_sin`
+  (`layers/embeddings.py:251-255`: position times inverse frequencies computed in numpy): a
+  plain rotary embedding (the base class, or Gemma 3's linear scaling) built for an engine
+  whose `rope_phases` setting is "trainer" (the default) computes its phases as tunix's model of
+  the checkpoint's `model_type` does (`engine/rope_phases.py`: position divided by
+  `base ** (2i / d)` evaluated by XLA; times its reciprocal for qwen2), bit for bit the
+  trainer's. Upstream's numpy frequencies differ in the last bit of about half the phases; on
+  Gemma 3 270M at 1,000-token prompts that took the rollout's logprobs from 9.6e-5 to 1.6e-4
+  of the trainer's. Subclasses with frequencies of their own (llama3 scaling, YaRN, Gemma 4's
+  proportional RoPE) keep upstream's.
+
 ## Models (`models.py`): architectures sgl-jax lacks, registered
 
 - `gemma3_text`: `Gemma3ForCausalLM` (`engine/models/gemma3.py`, Gemma 3's text model built
@@ -268,6 +281,7 @@ from collections.abc import Iterable
 
 from sgl_jax_rollout.engine import upstream
 from sgl_jax_rollout.engine.patches import (
+    agreement,
     containment,
     lifecycle,
     models,
@@ -287,5 +301,13 @@ def apply(server_args: Iterable[str] = ()) -> None:
     keywords `server_args`), then installs every patch once per process (idempotent)."""
     with _APPLY_LOCK:
         upstream.check(server_args)
-        for kind in (sampler_hooks, scheduling, containment, upstream_fixes, models, lifecycle):
+        for kind in (
+            sampler_hooks,
+            scheduling,
+            containment,
+            upstream_fixes,
+            agreement,
+            models,
+            lifecycle,
+        ):
             kind.install()

@@ -72,3 +72,11 @@ def test_every_attribute_we_read_exists_on_live_engine_objects(rollout):
     for name, obj in live.items():
         missing = [a for a in upstream.ATTRIBUTES[name] if not hasattr(obj, a)]
         assert not missing, f"{name}: {missing}"
+
+
+def test_the_running_engines_rotary_embeddings_round_their_phases_as_tunix(rollout):
+    """`EngineSettings.rope_phases` (default "trainer") reaches the model the engine built: every
+    layer's rotary embedding (the built-in Qwen3's plain RoPE) has tunix's qwen3 rule."""
+    runner = upstream.model_runner_of(upstream.scheduler_of(rollout.engine._engine))
+    rules = {layer.self_attn.rotary_emb.phase_rule for layer in runner.model.model.layers}
+    assert rules == {"timescale"}
