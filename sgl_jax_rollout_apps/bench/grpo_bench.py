@@ -28,9 +28,13 @@ policy's logprobs, the trainer's update with its loss, the weight sync; with dyn
 its rounds count as rollout). A step runs from one `generate` call to the next (one step more
 is trained than timed), so `other` is the rewards, advantages, data and metrics. After
 `WARMUP` steps (compiles), `steps` are timed: the median step's seconds and each phase's share
-of the summed steps. `ratios`: the median step of each other variant over `ours_rollout_old`'s
-(above 1: ours is faster). The built-in model, and the Qwen3-0.6B-size model
-(`real_size_model_dir`, few layers; `REAL_SIZE_WORKLOADS`) unless `real_size_layers` is 0.
+of the summed steps. With `workers` > 1 each variant runs in that many processes, the variants
+taken in turn (ours, vanilla, ours, vanilla, ...), and its timed steps are pooled: a
+process's speed drifts (the same tunix update phase moved 10% between processes here), and
+turns spread that drift over every variant alike. `ratios`: the median step of each other
+variant over `ours_rollout_old`'s (above 1: ours is faster). The built-in model, and the
+Qwen3-0.6B-size model (`real_size_model_dir`, few layers; `REAL_SIZE_WORKLOADS`) unless
+`real_size_layers` is 0.
 """
 
 from __future__ import annotations
@@ -99,18 +103,25 @@ def run(
     model_dir: str | Path | None = None,
     steps: int = 5,
     real_size_layers: int = REAL_SIZE_LAYERS,
+    workers: int = 1,
+    variants: tuple[str, ...] | None = None,
 ) -> dict[str, Any]:
-    """Every variant on the built-in model (or `model_dir`) and the real-size model."""
+    """Every variant (or those of `variants`, `ours_rollout_old` always) on the built-in model
+    (or `model_dir`) and the real-size model, each in `workers` processes taken in turn."""
     from sgl_jax_rollout.tiny_model import default_model_dir, real_size_model_dir
 
     if steps < 3:
         raise ValueError(f"steps must be >= 3 (a median of timed steps), got {steps}")
+    chosen = check_variants(variants)
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
     models = {"builtin": Path(model_dir) if model_dir else default_model_dir()}
     if real_size_layers:
         models["real_size"] = real_size_model_dir(real_size_layers)
     result: dict[str, Any] = {
         "steps": steps,
         "warmup": WARMUP,
+        "workers": workers,
         "workload": {
             "prompts": PROMPTS,
             "n": N,
@@ -121,17 +132,25 @@ def run(
     plan = {label: list(WORKLOADS) for label in models}
     if "real_size" in plan:
         plan["real_size"] = list(REAL_SIZE_WORKLOADS)
-    total = sum(len(WORKLOADS[w][1]) for workloads in plan.values() for w in workloads)
+    names_of = {w: [v for v in WORKLOADS[w][1] if v in chosen] for w in WORKLOADS}
+    total = workers * sum(len(names_of[w]) for workloads in plan.values() for w in workloads)
     progress = tqdm(total=total, desc="bench grpo", file=sys.stderr)
     for label, path in models.items():
         result[label] = {"model": str(path), "engine_settings": _settings(path)}
         for workload in plan[label]:
-            passes, names = WORKLOADS[workload]
-            variants = {}
-            for variant in names:
-                progress.set_postfix_str(f"{label}, {workload}: {variant}")
-                variants[variant] = _worker(variant, path, steps, passes)
-                progress.update(1)
+            passes = WORKLOADS[workload][0]
+            pooled: dict[str, Any] = {}
+            for turn in range(workers):
+                for variant in names_of[workload]:
+                    progress.set_postfix_str(f"{label}, {workload}: {variant} ({turn + 1})")
+                    pooled[variant] = _pooled(
+                        pooled.get(variant), _worker(variant, path, steps, passes)
+                    )
+                    progress.update(1)
+            variants = {
+                name: times if "failed" in times else summary(times)
+                for name, times in pooled.items()
+            }
             result[label][workload] = {
                 "num_iterations": passes,
                 "variants": variants,
@@ -139,6 +158,30 @@ def run(
             }
     progress.close()
     return result
+
+
+def check_variants(variants: tuple[str, ...] | None) -> tuple[str, ...]:
+    """The variants to run: all by default; named ones must exist, and the reference
+    `ours_rollout_old` (what `ratios` divides by) is always run."""
+    known = sorted({v for _, names in WORKLOADS.values() for v in names})
+    if not variants:
+        return tuple(known)
+    unknown = [v for v in variants if v not in known]
+    if unknown:
+        raise ValueError(f"unknown bench grpo variant(s) {unknown}; known: {known}")
+    return tuple(dict.fromkeys(("ours_rollout_old", *variants)))
+
+
+def _pooled(so_far: dict[str, Any] | None, times: dict[str, Any]) -> dict[str, Any]:
+    """One variant's timed steps over its workers, in turn order (a failed worker fails it)."""
+    if so_far is None or "failed" in times:
+        return times
+    if "failed" in so_far:
+        return so_far
+    return {
+        "step_s": so_far["step_s"] + times["step_s"],
+        "phases_s": {k: so_far["phases_s"][k] + times["phases_s"][k] for k in times["phases_s"]},
+    }
 
 
 def summary(times: dict[str, Any]) -> dict[str, Any]:
@@ -166,8 +209,8 @@ def ratios(variants: dict[str, dict[str, Any]]) -> dict[str, float]:
 
 
 def _worker(variant: str, model_dir: Path, steps: int, passes: int) -> dict[str, Any]:
-    """One variant trained in a process of its own: its `summary`, or the reason it failed
-    (the last line of its error)."""
+    """One variant trained in a process of its own: its timed steps and phases, or the reason
+    it failed (the last line of its error)."""
     command = [
         sys.executable,
         "-m",
@@ -182,7 +225,7 @@ def _worker(variant: str, model_dir: Path, steps: int, passes: int) -> dict[str,
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     for line in done.stdout.splitlines():
         if line.startswith(ANSWER):
-            return summary(json.loads(line[len(ANSWER) :]))
+            return json.loads(line[len(ANSWER) :])
     errors = [line for line in done.stderr.splitlines() if "Error" in line]
     return {"failed": errors[-1] if errors else f"exit {done.returncode}"}
 

@@ -62,6 +62,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "start: turns of cold, warm and uncached starts (>= 1)",
     )
     bench.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="grpo: processes per variant, the variants taken in turn, their timed steps "
+        "pooled (>= 1, default 1)",
+    )
+    bench.add_argument(
+        "--variants",
+        default=None,
+        help="grpo: comma-separated variants to run (default all; ours_rollout_old, the "
+        "reference, always runs)",
+    )
+    bench.add_argument(
         "--model-path",
         default=None,
         help="rollout / weights / soak / memory / replay / tail / start / attention: HF model "
@@ -124,6 +137,15 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         parser.error(f"--runs must be >= {fewest_runs}, got {args.runs}")
     if args.target == "rollout" and not 1 <= args.starts <= args.runs:
         parser.error(f"--starts must be in [1, --runs ({args.runs})], got {args.starts}")
+    if args.workers < 1:
+        parser.error(f"--workers must be >= 1, got {args.workers}")
+    if args.target == "grpo" and args.variants is not None:
+        from sgl_jax_rollout_apps.bench.grpo_bench import check_variants
+
+        try:
+            args.variants = check_variants(tuple(filter(None, args.variants.split(","))))
+        except ValueError as err:
+            parser.error(f"--variants: {err}")
     if not 0 <= args.real_size_layers <= 28:
         parser.error(f"--real-size-layers must be in [0, 28], got {args.real_size_layers}")
     if args.target == "sampler":
@@ -181,7 +203,11 @@ def _bench(args: argparse.Namespace) -> int:
         from sgl_jax_rollout_apps.bench import grpo_bench
 
         result = grpo_bench.run(
-            model_dir=args.model_path, steps=args.steps, real_size_layers=args.real_size_layers
+            model_dir=args.model_path,
+            steps=args.steps,
+            real_size_layers=args.real_size_layers,
+            workers=args.workers,
+            variants=args.variants,
         )
     elif args.target == "replay":
         from sgl_jax_rollout_apps.bench import replay_bench

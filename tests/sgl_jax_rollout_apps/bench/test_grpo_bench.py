@@ -40,3 +40,34 @@ def test_steps_below_each_targets_floor_exit_2(target, steps, lowest, capsys):
         main(["bench", target, "--steps", steps])
     assert exited.value.code == 2
     assert f"--steps must be >= {lowest} for bench {target}" in capsys.readouterr().err
+
+
+def test_workers_pool_each_variants_steps_in_turn_and_a_failure_fails_it():
+    from sgl_jax_rollout_apps.bench.grpo_bench import _pooled
+
+    first = {"step_s": [1.0, 2.0], "phases_s": {"rollout": [0.5, 1.0]}}
+    second = {"step_s": [3.0], "phases_s": {"rollout": [1.5]}}
+    pooled = _pooled(_pooled(None, first), second)
+    assert pooled == {"step_s": [1.0, 2.0, 3.0], "phases_s": {"rollout": [0.5, 1.0, 1.5]}}
+    assert summary(pooled)["step_s_median"] == 2.0
+    failed = {"failed": "ValueError: x"}
+    assert _pooled(pooled, failed) == failed
+    assert _pooled(failed, first) == failed
+
+
+def test_variants_are_checked_by_name_and_the_reference_always_runs(capsys):
+    from sgl_jax_rollout_apps.bench.grpo_bench import check_variants
+    from sgl_jax_rollout_apps.cli import main
+
+    assert check_variants(("vanilla",)) == ("ours_rollout_old", "vanilla")
+    assert "tunix_sglang_jax" in check_variants(None)
+    with pytest.raises(ValueError, match="unknown bench grpo variant"):
+        check_variants(("vanila",))
+    for flags, message in (
+        (["--variants", "vanila"], "--variants: unknown bench grpo variant(s) ['vanila']"),
+        (["--workers", "0"], "--workers must be >= 1, got 0"),
+    ):
+        with pytest.raises(SystemExit) as exited:
+            main(["bench", "grpo", *flags])
+        assert exited.value.code == 2
+        assert message in capsys.readouterr().err
