@@ -238,9 +238,9 @@ instead of raising.
   the checkpoint's `model_type` does (`engine/rope_phases.py`: position divided by
   `base ** (2i / d)` evaluated by XLA; times its reciprocal for qwen2), bit for bit the
   trainer's. Upstream's numpy frequencies differ in the last bit of about half the phases; on
-  Gemma 3 270M at 1,000-token prompts that took the rollout's logprobs from 9.6e-5 to 1.6e-4
-  of the trainer's. Subclasses with frequencies of their own (llama3 scaling, YaRN, Gemma 4's
-  proportional RoPE) keep upstream's.
+  Gemma 3 270M at 1,000-token prompts the rollout's logprobs were up to 1.6e-4 from the
+  trainer's with them, 9.6e-5 with the trainer's. Subclasses with frequencies of their own
+  (llama3 scaling, YaRN, Gemma 4's proportional RoPE) keep upstream's.
 
 ## Models (`models.py`): architectures sgl-jax lacks, registered
 
