@@ -1,8 +1,8 @@
 """RoPE phases rounded the way a trainer rounds them.
 
-Owns `RULES` (the ways float32 computes a rotary phase), `TRAINER_RULES` / `trainer_rule` (which
-of them tunix's model for a config.json `model_type` uses) and `cos_sin` (a rotary embedding's
-cos and sin under a rule). Nothing here imports sgl-jax or this project.
+Owns `TRAINER_RULES` / `trainer_rule` (which of the rules below tunix's model for a
+config.json `model_type` uses) and `cos_sin` (a rotary embedding's cos and sin under a rule).
+Nothing here imports sgl-jax or this project.
 
 The phase of position p at frequency i is p * base ** (-2i / d). Peers round it three ways in
 float32, each a different last bit of the phase for about half of the (p, i) pairs (one ulp of
@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
-
-RULES = ("inv_freq", "timescale", "inverse_timescale")
 
 # config.json model_type -> the rule of tunix's model for it (google-tunix 0.1.7, main c7d8950f:
 # `models/qwen2/model.py` `_generate_pos_embeddings`); every other tunix model divides by the

@@ -63,7 +63,7 @@ class EngineHooks:
     sampler_configs: tuple[SamplerConfig, ...] = ()  # compiled at start besides the default
     vocab_parallel: bool = False  # the sampler runs on vocabulary-split logits (tp > 1)
     native_attention: str = "paged"  # EngineSettings.native_attention
-    rope_phases: str = "inv_freq"  # the rule of rope_phases.RULES EngineSettings.rope_phases gives
+    rope_phases: str = "inv_freq"  # the rope_phases.py rule EngineSettings.rope_phases gives
     precompiling: bool = False  # set while upstream precompiles
     slot_state: SlotState | None = None  # the sampler's device state, owned by the step thread
     # (the step's request ids, error) of sampler calls that failed: the scheduler thread fails
