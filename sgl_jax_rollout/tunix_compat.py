@@ -12,6 +12,7 @@ it on the installed tunix; `make test-tunix-main` on tunix main).
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import inspect
@@ -125,7 +126,14 @@ MEMBERS: dict[str, tuple[str, ...]] = {
 }
 
 __all__ = sorted(
-    [*SYMBOLS, *MODULES, "check_all", "model_module", "per_token_logps_and_logits", "ppo_learner"]
+    [
+        *SYMBOLS,
+        *MODULES,
+        "check_all",
+        "model_module",
+        "per_token_logps_and_logits",
+        "ppo_learner",
+    ]
 )
 _RESOLVED: dict[str, Any] = {}
 
@@ -230,23 +238,50 @@ def per_token_logps_and_logits(
 
     tunix 0.1.7 returns both from `compute_per_token_logps(return_logits=True)`; tunix main
     dropped `return_logits` (it returns an entropy instead), so there the logits come from the
-    same forward tunix runs (`process_ids`, then the model on the prompt and completion)."""
+    same forward tunix runs (`process_ids`, then the model on the prompt and completion),
+    compiled as tunix compiles its own."""
     compute = __getattr__("compute_per_token_logps")
     args = (graphdef, state, prompt_tokens, completion_tokens)
     kwargs = dict(pad_id=pad_id, eos_id=eos_id, temperature=temperature)
     if "return_logits" in inspect.signature(compute).parameters:
         return compute(*args, return_logits=True, **kwargs)
-    from flax import nnx
-
     logps = compute(*args, **kwargs)
     tokens, positions, mask, _ = __getattr__("process_ids")(
         prompt_tokens, completion_tokens, pad_id, eos_id
     )
+    width = completion_tokens.shape[1]
+    logits = _completion_logits_program()(
+        graphdef, state, tokens, positions, mask, width=width, temperature=temperature
+    )
+    return logps, logits
+
+
+@functools.cache
+def _completion_logits_program() -> Any:
+    """`_completion_logits`, compiled as tunix compiles `compute_per_token_logps` (jax is
+    imported on first use, as tunix is)."""
+    import jax
+
+    return jax.jit(_completion_logits, static_argnames=("width", "temperature"))
+
+
+def _completion_logits(
+    graphdef: Any,
+    state: Any,
+    tokens: Any,
+    positions: Any,
+    mask: Any,
+    width: int,
+    temperature: float,
+) -> Any:
+    """The model's logits at the `width` positions that predict the completion, divided by
+    `temperature` (tunix main's `compute_per_token_logps` forward, as it runs it)."""
+    from flax import nnx
+
     logits, _ = nnx.merge(graphdef, state)(
         tokens, positions=positions, attention_mask=mask, cache=None
     )
-    width = completion_tokens.shape[1]
-    return logps, logits[:, -width - 1 : -1, :] / temperature
+    return logits[:, -width - 1 : -1, :] / temperature
 
 
 def ppo_learner(rl_cluster: Any, config: Any, **kwargs: Any) -> Any:

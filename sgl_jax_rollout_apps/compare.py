@@ -32,7 +32,7 @@ import numpy as np
 
 from sgl_jax_rollout_apps import compare_stats as stats
 from sgl_jax_rollout_apps.plotting import require_matplotlib, training_curves
-from tunix_adapter.scoring import before_pad, trainer_scores
+from tunix_adapter.scoring import before_pad, trainer_logps
 
 log = logging.getLogger(__name__)
 AGAINST = ("vanilla", "vllm")
@@ -245,7 +245,7 @@ def trainer_fidelity(rollout, trainer, prompts, rollout_config) -> dict:
     config's temperature, up to each sample's first pad id (tunix's trainer reads a pad as
     padding)."""
     out = rollout.generate(prompts, rollout_config)
-    reference, _ = trainer_scores(rollout, trainer, out, rollout_config.temperature)
+    reference = trainer_logps(rollout, trainer, out, rollout_config.temperature)
     kept = [before_pad(row, rollout.pad_id()) for row in out.tokens]
     return stats.logprob_fidelity(
         [np.asarray(lp)[:k] for lp, k in zip(out.logprobs, kept, strict=True)],

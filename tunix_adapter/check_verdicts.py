@@ -44,7 +44,7 @@ def verdicts(
     from flax import nnx
 
     from tunix_adapter import routing_replay
-    from tunix_adapter.scoring import before_pad, replays, trainer_scores
+    from tunix_adapter.scoring import before_pad, replays, trainer_logps, trainer_scores
 
     replay = replays(rollout, trainer)
     tolerance = BF16_TOLERANCE if _engine_dtype(rollout) == "bfloat16" else F32_TOLERANCE
@@ -64,7 +64,7 @@ def verdicts(
         say(f"sampling and scoring at T={temperature:g} ({rows_of}, {config.max_tokens} new)")
         out = rollout.generate(prompts, rollout_config(config, temperature), n=config.samples)
         outputs.append(out)
-        reference, _ = trainer_scores(rollout, trainer, out, temperature, replay)
+        reference = trainer_logps(rollout, trainer, out, temperature, replay)
         return max(
             float(np.abs(np.asarray(lp)[:k] - reference[i, :k]).max(initial=0.0))
             for i, (lp, k) in enumerate(

@@ -1,9 +1,10 @@
 """tunix's trainer-side scoring of a rollout's completions, shared by `check` and `compare`.
 
-Owns `trainer_scores` (tunix's `compute_per_token_logps` on a rollout output, replaying the
-rollout's experts on a MoE where asked; in one process, in chunks of rows whose logits fit
-`SCORING_LOGITS_BYTES`), `replays` (whether a rollout and trainer can) and
-`before_pad` (where a completion ends for tunix's trainer, which reads a pad id as padding).
+Owns `trainer_logps` and `trainer_scores` (tunix's `compute_per_token_logps` on a rollout
+output, the second with the trainer's logits too; replaying the rollout's experts on a MoE
+where asked; in one process, in chunks of rows whose logits fit `SCORING_LOGITS_BYTES`),
+`replays` (whether a rollout and trainer can) and `before_pad` (where a completion ends for
+tunix's trainer, which reads a pad id as padding).
 """
 
 from __future__ import annotations
@@ -23,6 +24,28 @@ from tunix_adapter.process_batch import global_batch, local_rows, widest
 SCORING_LOGITS_BYTES = 1 << 30
 
 
+def trainer_logps(rollout, trainer, out, temperature: float, replay: bool = False) -> np.ndarray:
+    """tunix's trainer-side logprobs `[B, L]` of a rollout output's completions at
+    `temperature` (`trainer_scores` without the logits, which tunix main computes in a second
+    forward)."""
+    from sgl_jax_rollout.tunix_compat import compute_per_token_logps
+
+    def score(graphdef, state, prompts, completions, pad, eos, temperature) -> tuple:
+        return (
+            compute_per_token_logps(
+                graphdef,
+                state,
+                prompts,
+                completions,
+                pad_id=pad,
+                eos_id=eos,
+                temperature=temperature,
+            ),
+        )
+
+    return _scores(rollout, trainer, out, temperature, replay, score)[0]
+
+
 def trainer_scores(
     rollout, trainer, out, temperature: float, replay: bool = False
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -34,11 +57,18 @@ def trainer_scores(
     With one JAX process per host, `out` is this process's share: the trainer scores every
     process's share at once (its arrays span every host) and this process gets its rows back.
     """
+    from sgl_jax_rollout.tunix_compat import per_token_logps_and_logits
+
+    return _scores(rollout, trainer, out, temperature, replay, per_token_logps_and_logits)
+
+
+def _scores(rollout, trainer, out, temperature: float, replay: bool, score) -> tuple:
+    """The tuple of arrays `score` (the signature of `tunix_compat.per_token_logps_and_logits`)
+    returns over `out`'s rows, each as this process's rows (`trainer_scores`)."""
     import jax
     import jax.numpy as jnp
     from flax import nnx
 
-    from sgl_jax_rollout.tunix_compat import per_token_logps_and_logits
     from tunix_adapter import routing_replay
 
     pad = rollout.pad_id()
@@ -66,13 +96,14 @@ def trainer_scores(
             row_bytes = (prompts.shape[1] + width) * vocab_size(trainer.config) * 4
             chunk = chunk_rows(rows, row_bytes)
         parts = [
-            per_token_logps_and_logits(graphdef, state, p, c, pad, rollout.eos_id(), temperature)
+            score(graphdef, state, p, c, pad, rollout.eos_id(), temperature)
             for p, c in zip(row_chunks(prompts, chunk), row_chunks(completions, chunk), strict=True)
         ]
     if len(parts) == 1:
-        return local_rows(parts[0][0], rows), local_rows(parts[0][1], rows)
-    logps, logits = (np.concatenate([np.asarray(part[i]) for part in parts]) for i in (0, 1))
-    return logps[:rows], logits[:rows]
+        return tuple(local_rows(array, rows) for array in parts[0])
+    return tuple(
+        np.concatenate([np.asarray(part[i]) for part in parts])[:rows] for i in range(len(parts[0]))
+    )
 
 
 def chunk_rows(rows: int, row_logits_bytes: int) -> int:

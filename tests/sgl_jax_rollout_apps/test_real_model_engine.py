@@ -82,10 +82,10 @@ def _config(temperature: float, max_tokens: int = 24):
 
 
 def _max_gap(rollout, trainer, temperature: float) -> float:
-    from tunix_adapter.scoring import before_pad, trainer_scores
+    from tunix_adapter.scoring import before_pad, trainer_logps
 
     out = rollout.generate(_chats(rollout.engine.tokenizer), _config(temperature))
-    reference, _ = trainer_scores(rollout, trainer, out, temperature)
+    reference = trainer_logps(rollout, trainer, out, temperature)
     gaps = []
     for i, (logprobs, tokens) in enumerate(zip(out.logprobs, out.tokens, strict=True)):
         k = before_pad(tokens, rollout.pad_id())

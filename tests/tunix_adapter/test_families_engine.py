@@ -1,7 +1,7 @@
 """The model families users train, as tiny float32 replicas of their configs (`--like`), each
 through the `check` pre-flight at the TPU presets' KV page size (64; the suite's other engines
 run at 1): greedy tokens, processed logprobs at T 1 and 0.7 over completions past position
-1,024 (and of a shorter prompt: the trainer's batch left-padded), 4 samples a prompt (a group
+1,024 (and of a shorter prompt: the trainer's batch left-padded), 2 samples a prompt (a group
 sharing one prefill; Gemma 4's hybrid sliding-window pool too), and one sync of perturbed
 weights, all against tunix's trainer-side `compute_per_token_logps`; for Gemma and Qwen3-MoE
 (mappings of our own) also LoRA syncs (engine-marked; one engine at a time, each shut down
@@ -29,7 +29,7 @@ def test_each_family_agrees_with_the_tunix_trainer_past_position_1024(like, tmp_
         check.CheckConfig(
             model_path=str(model_dir),
             prompts=2,
-            samples=4,
+            samples=2,
             prompt_tokens=1024,
             max_tokens=16,
             engine_settings={"page_size": PRESET_PAGE_SIZE},

@@ -1,7 +1,8 @@
-"""`trainer_scores` (tunix_adapter/scoring.py) in chunks of rows: where a batch's logits exceed
-`SCORING_LOGITS_BYTES` the trainer scores it in chunks (the last one filled with copies), and
-each row's logprobs and logits are those of the whole batch scored at once (engine-marked: the
-session rollout's completions, tunix's trainer-side logprobs)."""
+"""`trainer_scores` and `trainer_logps` (tunix_adapter/scoring.py) in chunks of rows: where a
+batch's logits exceed `SCORING_LOGITS_BYTES` the trainer scores it in chunks (the last one filled
+with copies), and each row's logprobs and logits are those of the whole batch scored at once;
+`trainer_logps` gives `trainer_scores`' logprobs (engine-marked: the session rollout's
+completions, tunix's trainer-side logprobs)."""
 
 from __future__ import annotations
 
@@ -38,4 +39,6 @@ def test_chunked_scores_are_the_whole_batchs(rollout, trainer, monkeypatch):
     for a, b in zip(whole, chunked, strict=True):
         assert a.shape == b.shape and a.shape[0] == 5
         np.testing.assert_allclose(b, a, rtol=0, atol=1e-5)
+    logps = scoring.trainer_logps(rollout, trainer, out, 1.0)  # in the same chunks
+    np.testing.assert_allclose(logps, chunked[0], rtol=0, atol=1e-6)
     assert np.isfinite(whole[0]).all() and np.abs(whole[0]).max() > 0

@@ -30,7 +30,7 @@ def test_mixed_rules_are_served_as_the_trainer_computes_them(tiny_dir):
     from tests.sgl_jax_rollout.test_rollout import config as rollout_config
     from tunix_adapter.check import lora_update_error
     from tunix_adapter.models import load_tunix_model
-    from tunix_adapter.scoring import before_pad, trainer_scores
+    from tunix_adapter.scoring import before_pad, trainer_logps
 
     provider = qwix.LoraProvider(
         [
@@ -47,7 +47,7 @@ def test_mixed_rules_are_served_as_the_trainer_computes_them(tiny_dir):
         config = rollout_config(max_tokens_to_generate=16, max_prompt_length=128, seed=0)
         prompts = [" ".join(f"w{(i * 7 + j) % 50}" for j in range(40 + 9 * i)) for i in range(4)]
         out = rollout.generate(prompts, config)
-        reference, _ = trainer_scores(rollout, actor, out, 1.0)
+        reference = trainer_logps(rollout, actor, out, 1.0)
         pad = rollout.pad_id()
         gaps = [
             np.abs(np.asarray(lp)[: before_pad(t, pad)] - reference[i, : before_pad(t, pad)])
@@ -65,7 +65,7 @@ def test_mixed_rules_are_served_as_the_trainer_computes_them(tiny_dir):
             engine["model.layers.0.self_attn.q_proj.base_layer.weight"], q.reshape(q.shape[0], -1)
         )
         # Not vacuous: without the adapters the trainer's logprobs move well past 1e-4.
-        plain, _ = trainer_scores(rollout, base, out, 1.0)
+        plain = trainer_logps(rollout, base, out, 1.0)
         assert np.abs(plain - reference)[:, :4].max() > 1e-2
         assert jax.tree_util.tree_leaves(nnx.state(actor, nnx.LoRAParam))
         # An update of the base alone (a plain model's weights) writes the base layers and
