@@ -20,7 +20,7 @@ from tunix_adapter.process_batch import global_batch, local_rows, widest
 
 # What the trainer's float32 logits over every position of the rows it scores at once may take
 # (tunix's `compute_per_token_logps` holds them and their log-softmax): at Gemma 3's 262,144-id
-# vocabulary one row of 1,040 tokens is 1.1 GB, so `check`'s 2 prompts x 4 samples would be 8.7.
+# vocabulary one row of 1,040 tokens is 1.1 GB, so 8 rows would take 8.7.
 SCORING_LOGITS_BYTES = 1 << 30
 
 
