@@ -132,9 +132,11 @@ def pytest_terminal_summary(terminalreporter):
 
 
 # "reversed" (`.ci/run`'s tunix-main run, beside `make test`): the session engine's tests first
-# (engine phases 1-3), then the rest, each part's test modules in reverse order. The two runs
-# then hold a session engine at different times (memory), and each reads the programs the other
-# compiled first instead of compiling them at the same time.
+# (engine phases 1-3), then the rest, each part's test modules in reverse order, and each
+# parametrized test's cases in reverse too. The two runs then hold a session engine at
+# different times (memory), and each reads the programs the other compiled first instead of
+# compiling them at the same time: the two reached the families' cases in the same minute and
+# ran them side by side, case for case, each compiling every replica's engine.
 ORDER_VAR = "SGL_JAX_ROLLOUT_TEST_ORDER"
 
 
@@ -142,11 +144,19 @@ def pytest_collection_modifyitems(config, items):
     order = os.environ.get(ORDER_VAR, "")
     if order not in ("", "reversed"):
         raise pytest.UsageError(f"{ORDER_VAR} must be 'reversed' or unset, got {order!r}")
-    first = {}  # each module's place in the collection
+    first = {}  # each module's and each test function's place in the collection
+    place = {}
     for index, item in enumerate(items):
         first.setdefault(item.path, index)
+        first.setdefault((item.path, getattr(item, "originalname", item.name)), index)
+        place[item.nodeid] = index
     if order == "reversed":
-        items.sort(key=lambda it: (engine_phase(it) == 0, engine_phase(it), -first[it.path]))
+        items.sort(
+            key=lambda it: (
+                *(engine_phase(it) == 0, engine_phase(it), -first[it.path]),
+                *(first[it.path, getattr(it, "originalname", it.name)], -place[it.nodeid]),
+            )
+        )
     else:
         items.sort(key=engine_phase)  # stable: collection order within a phase
     no_engine = importlib.util.find_spec("sgl_jax") is None

@@ -78,7 +78,11 @@ def test_a_missing_engine_stops_the_run_where_it_is_required(pytester, monkeypat
 
 ORDERED = {
     "test_a": "def test_a1():\n    pass\n\ndef test_a2(rollout):\n    pass\n",
-    "test_b": "def test_b1():\n    pass\n\ndef test_b2():\n    pass\n",
+    "test_b": (
+        "import pytest\n\ndef test_b1():\n    pass\n\n"
+        "@pytest.mark.parametrize('x', [1, 2])\ndef test_b2(x):\n    pass\n\n"
+        "def test_b3():\n    pass\n"
+    ),
     "test_c": "def test_c1(rollout):\n    pass\n",
 }
 ROLLOUT_FIXTURE = "\n\n@pytest.fixture\ndef rollout():\n    return None\n"
@@ -87,8 +91,9 @@ ROLLOUT_FIXTURE = "\n\n@pytest.fixture\ndef rollout():\n    return None\n"
 @pytest.mark.parametrize(
     ("order", "expected"),
     [
-        ("", ["a1", "b1", "b2", "a2", "c1"]),
-        ("reversed", ["c1", "a2", "b1", "b2", "a1"]),
+        ("", ["a1", "b1", "b2[1]", "b2[2]", "b3", "a2", "c1"]),
+        # a parametrized test's cases reversed too, its place among the module's tests kept
+        ("reversed", ["c1", "a2", "b1", "b2[2]", "b2[1]", "b3", "a1"]),
     ],
 )
 def test_the_session_engines_tests_run_last_or_reversed_first(
