@@ -232,28 +232,33 @@ def per_token_logps_and_logits(
     pad_id: int,
     eos_id: int,
     temperature: float,
+    logits: bool = True,
 ) -> tuple[Any, Any]:
     """tunix's trainer-side logprobs `[B, L]` of the completions at `temperature`, and the
-    trainer's logits at those positions divided by `temperature` `[B, L, V]`.
+    trainer's logits at those positions divided by `temperature` `[B, L, V]` (None where
+    `logits` is False).
 
-    tunix 0.1.7 returns both from `compute_per_token_logps(return_logits=True)`; tunix main
-    dropped `return_logits` (it returns an entropy instead), so there the logits come from the
-    same forward tunix runs (`process_ids`, then the model on the prompt and completion),
-    compiled as tunix compiles its own."""
+    tunix 0.1.7 returns both from `compute_per_token_logps(return_logits=True)`, one program
+    whichever is asked for (a second, without the logits, would compile again for nothing);
+    tunix main dropped `return_logits` (it returns an entropy instead), so there the logits come
+    from a second run of the forward tunix runs (`process_ids`, then the model on the prompt and
+    completion), compiled as tunix compiles its own, and only where asked for."""
     compute = __getattr__("compute_per_token_logps")
     args = (graphdef, state, prompt_tokens, completion_tokens)
     kwargs = dict(pad_id=pad_id, eos_id=eos_id, temperature=temperature)
     if "return_logits" in inspect.signature(compute).parameters:
-        return compute(*args, return_logits=True, **kwargs)
+        both = compute(*args, return_logits=True, **kwargs)
+        return both if logits else (both[0], None)
     logps = compute(*args, **kwargs)
+    if not logits:
+        return logps, None
     tokens, positions, mask, _ = __getattr__("process_ids")(
         prompt_tokens, completion_tokens, pad_id, eos_id
     )
     width = completion_tokens.shape[1]
-    logits = _completion_logits_program()(
+    return logps, _completion_logits_program()(
         graphdef, state, tokens, positions, mask, width=width, temperature=temperature
     )
-    return logps, logits
 
 
 @functools.cache

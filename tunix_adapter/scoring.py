@@ -26,22 +26,12 @@ SCORING_LOGITS_BYTES = 1 << 30
 
 def trainer_logps(rollout, trainer, out, temperature: float, replay: bool = False) -> np.ndarray:
     """tunix's trainer-side logprobs `[B, L]` of a rollout output's completions at
-    `temperature` (`trainer_scores` without the logits, which tunix main computes in a second
-    forward)."""
-    from sgl_jax_rollout.tunix_compat import compute_per_token_logps
+    `temperature` (`trainer_scores` without the logits, which tunix main would compute in a
+    second forward)."""
+    from sgl_jax_rollout.tunix_compat import per_token_logps_and_logits
 
-    def score(graphdef, state, prompts, completions, pad, eos, temperature) -> tuple:
-        return (
-            compute_per_token_logps(
-                graphdef,
-                state,
-                prompts,
-                completions,
-                pad_id=pad,
-                eos_id=eos,
-                temperature=temperature,
-            ),
-        )
+    def score(*args: Any) -> tuple:
+        return (per_token_logps_and_logits(*args, logits=False)[0],)
 
     return _scores(rollout, trainer, out, temperature, replay, score)[0]
 
