@@ -126,14 +126,7 @@ MEMBERS: dict[str, tuple[str, ...]] = {
 }
 
 __all__ = sorted(
-    [
-        *SYMBOLS,
-        *MODULES,
-        "check_all",
-        "model_module",
-        "per_token_logps_and_logits",
-        "ppo_learner",
-    ]
+    [*SYMBOLS, *MODULES, "check_all", "model_module", "per_token_logps_and_logits", "ppo_learner"]
 )
 _RESOLVED: dict[str, Any] = {}
 

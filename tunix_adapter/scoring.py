@@ -28,12 +28,7 @@ def trainer_logps(rollout, trainer, out, temperature: float, replay: bool = Fals
     """tunix's trainer-side logprobs `[B, L]` of a rollout output's completions at
     `temperature` (`trainer_scores` without the logits, which tunix main would compute in a
     second forward)."""
-    from sgl_jax_rollout.tunix_compat import per_token_logps_and_logits
-
-    def score(*args: Any) -> tuple:
-        return (per_token_logps_and_logits(*args, logits=False)[0],)
-
-    return _scores(rollout, trainer, out, temperature, replay, score)[0]
+    return _scores(rollout, trainer, out, temperature, replay, logits=False)[0]
 
 
 def trainer_scores(
@@ -47,18 +42,16 @@ def trainer_scores(
     With one JAX process per host, `out` is this process's share: the trainer scores every
     process's share at once (its arrays span every host) and this process gets its rows back.
     """
-    from sgl_jax_rollout.tunix_compat import per_token_logps_and_logits
-
-    return _scores(rollout, trainer, out, temperature, replay, per_token_logps_and_logits)
+    return _scores(rollout, trainer, out, temperature, replay, logits=True)
 
 
-def _scores(rollout, trainer, out, temperature: float, replay: bool, score) -> tuple:
-    """The tuple of arrays `score` (the signature of `tunix_compat.per_token_logps_and_logits`)
-    returns over `out`'s rows, each as this process's rows (`trainer_scores`)."""
+def _scores(rollout, trainer, out, temperature: float, replay: bool, logits: bool) -> tuple:
+    """`trainer_scores`' logprobs, and its logits where `logits`, as this process's rows."""
     import jax
     import jax.numpy as jnp
     from flax import nnx
 
+    from sgl_jax_rollout.tunix_compat import per_token_logps_and_logits
     from tunix_adapter import routing_replay
 
     pad = rollout.pad_id()
@@ -86,7 +79,9 @@ def _scores(rollout, trainer, out, temperature: float, replay: bool, score) -> t
             row_bytes = (prompts.shape[1] + width) * vocab_size(trainer.config) * 4
             chunk = chunk_rows(rows, row_bytes)
         parts = [
-            score(graphdef, state, p, c, pad, rollout.eos_id(), temperature)
+            per_token_logps_and_logits(
+                graphdef, state, p, c, pad, rollout.eos_id(), temperature, logits=logits
+            )[: 2 if logits else 1]  # the logits are None where not asked for
             for p, c in zip(row_chunks(prompts, chunk), row_chunks(completions, chunk), strict=True)
         ]
     if len(parts) == 1:
