@@ -24,9 +24,13 @@ every context length, and a step costs what its longest request holds, not the e
 context). Decode: a block per row, one query each: `rows x longest` work, against upstream's
 `rows x len(cache_loc)` (every row against every request's slots, masked). Extend: each
 request's new tokens in blocks of `extend_block` (a request never shares a block), attending
-causally to the request's prefix and to the new tokens before them: at most
-`2 x tokens x longest` work, against upstream's `tokens x len(cache_loc)`, where
-`len(cache_loc)` is the largest batch bucket's worth of requests.
+causally to the request's prefix and to the new tokens before them; the blocks loop over
+their keys `BLOCK_GROUP` at a time, each group over the keys its own queries see, and the
+token bucket's padding blocks not at all: about `real tokens x (prefix + new tokens / 2)`
+work per request, against upstream's `tokens x len(cache_loc)`, where `len(cache_loc)` is the
+largest batch bucket's worth of requests (measured on CPU for one layer of two requests of
+1,024 and 901 new tokens in a 4,096-token bucket: 4 to 5 times faster than all the blocks
+looping together).
 GQA groups query heads over their KV head (no repeat); sliding windows, attention soft-caps,
 attention sinks, xai temperature scaling and a softmax dtype are served as upstream's native
 backend serves them (the softmax's running max and sum in float32, or the softmax dtype when
@@ -45,6 +49,8 @@ from jaxtyping import Array, Bool, Float, Int
 
 # Keys read per step of the loop over a request's slots.
 KEY_CHUNK = 32
+# Query blocks of an extend that loop over their keys together (`_attend_in_groups`).
+BLOCK_GROUP = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,23 +193,63 @@ def extend_attention(
         q_valid, (jnp.cumsum(extend_lens) - extend_lens)[owner][:, None] + local, tokens
     )
     positions = prefix_lens[owner][:, None] + local
-    out = _attend_own_slots(
+    out = _attend_in_groups(
+        block_end[-1],
         q[jnp.minimum(token, tokens - 1)],
         positions,
         q_valid,
         owner,
-        fused,
-        cache_loc,
-        seq_lens,
+        _temperature_regulator(positions, options.temperature_len),
+        fused=fused,
+        cache_loc=cache_loc,
+        seq_lens=seq_lens,
         page_size=page_size,
         chunk=chunk,
         options=options,
         causal=causal,
         sink=sink,
-        temperature=_temperature_regulator(positions, options.temperature_len),
     )
     placed = jnp.zeros((tokens, heads, head_dim), out.dtype)
     return placed.at[token.reshape(-1)].set(out.reshape(-1, heads, head_dim), mode="drop")
+
+
+def _attend_in_groups(
+    real_blocks: Int[Array, ""],
+    q: Float[Array, "blocks size heads head_dim"],
+    positions: Int[Array, "blocks size"],
+    q_valid: Bool[Array, "blocks size"],
+    owner: Int[Array, " blocks"],
+    temperature: Float[Array, "blocks size"] | None,
+    **attend: Any,
+) -> Float[Array, "blocks size heads head_dim"]:
+    """`_attend_own_slots` over the first `real_blocks` blocks only, `BLOCK_GROUP` at a time:
+    each group loops over the keys its own queries see, so a step costs what its requests hold
+    (a request's early blocks stop at their own positions; the token bucket's padding blocks
+    cost nothing), not `blocks x longest`. Blocks past `real_blocks` get zeros, as
+    `_attend_own_slots` gives them. Each query sees the same chunks in the same order either
+    way (a chunk it cannot see leaves its softmax exactly as it was)."""
+    blocks, size, heads, head_dim = q.shape
+    group = min(BLOCK_GROUP, blocks)
+    padded = -(-blocks // group) * group
+
+    def pad(array: jax.Array, value: Any) -> jax.Array:
+        width = [(0, padded - blocks)] + [(0, 0)] * (array.ndim - 1)
+        return jnp.pad(array, width, constant_values=value)
+
+    inputs = (pad(q, 0), pad(positions, 0), pad(q_valid, False), pad(owner, 0))
+    if temperature is not None:
+        inputs += (pad(temperature, 1.0),)
+
+    def body(g: jax.Array, out: jax.Array) -> jax.Array:
+        part = [jax.lax.dynamic_slice_in_dim(a, g * group, group) for a in inputs]
+        attended = _attend_own_slots(
+            *part[:4], temperature=part[4] if temperature is not None else None, **attend
+        )
+        return jax.lax.dynamic_update_slice_in_dim(out, attended, g * group, 0)
+
+    out = jnp.zeros((padded, size, heads, head_dim), q.dtype)
+    out = jax.lax.fori_loop(0, (real_blocks + group - 1) // group, body, out)
+    return out[:blocks]
 
 
 def _attend_own_slots(

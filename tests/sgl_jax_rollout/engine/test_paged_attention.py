@@ -93,10 +93,16 @@ def test_decode_reads_each_rows_own_slots(case):
     np.testing.assert_array_equal(out[len(seq_lens) :], 0)  # the padding request and rows
 
 
+# Each request's new tokens: a few blocks of queries (one group, `BLOCK_GROUP`), or many
+# (several groups, each looping over its own keys: a request's early blocks stop early).
+EXTENDS = {"short": [5, 7, 16], "long": [70, 7, 41]}
+
+
+@pytest.mark.parametrize("extend", EXTENDS.values(), ids=EXTENDS.keys())
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
-def test_extend_writes_then_attends_causally_to_its_own_request(case):
+def test_extend_writes_then_attends_causally_to_its_own_request(case, extend):
     rng = np.random.default_rng(10 + case["page_size"])
-    prefix, extend = [0, 30, 3], [5, 7, 16]
+    prefix = [0, 30, 3]
     seq_lens = [p + e for p, e in zip(prefix, extend, strict=True)]
     fused, cache_loc, runs = _pool(rng, case["page_size"], seq_lens)
     tokens = sum(extend) + 4  # the token bucket's padding
