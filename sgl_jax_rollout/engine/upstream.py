@@ -73,6 +73,9 @@ SYMBOLS: dict[str, tuple[str, str]] = {
     "TOP_K_ALL": ("sampling.sampling_params", "TOP_K_ALL"),
     "forward_attention": ("layers.attention.native_backend", "forward_attention"),
     "merge_kv": ("mem_cache.memory_pool", "merge_kv"),
+    # patches/upstream_fixes.py experts_matmul_off_tpu: the MoE layer's grouped matmul
+    "gmm": ("layers.moe", "gmm"),
+    "is_tpu_runtime": ("kernels.gmm.megablox_gmm_backend", "is_tpu_runtime"),
     "get_global_experts_capturer": (
         "layers.routed_experts_capturer",
         "get_global_experts_capturer",
@@ -157,6 +160,10 @@ FUNCTIONS: dict[str, tuple[str, ...]] = {
         *("kv_sharding", "mesh", "xai_temperature_len", "sliding_window_size", "softmax_dtype"),
     ),
     "merge_kv": ("k", "v"),
+    "gmm": (
+        *("lhs", "rhs", "group_sizes", "preferred_element_type", "group_offset", "interpret"),
+        *("rhs_scale", "rhs_bias", "existing_out", "activation_quantized_dtype", "tiling"),
+    ),
     "get_global_experts_capturer": (),
     "get_target_module_name": ("full_module_name", "target_modules"),
     "get_available_device_memory": ("device", "distributed", "device_indexes"),
@@ -265,6 +272,7 @@ MODULE_GLOBALS: dict[str, tuple[str, ...]] = {
     "managers.tp_worker": ("psutil",),
     "managers.tp_worker_overlap_thread": ("psutil",),
     "layers.attention.native_backend": ("forward_attention", "jnp"),
+    "layers.moe": ("gmm",),
     "entrypoints.engine": ("get_zmq_socket",),
 }
 SOCKET_MODULES = tuple(m for m, names in MODULE_GLOBALS.items() if "get_zmq_socket" in names)

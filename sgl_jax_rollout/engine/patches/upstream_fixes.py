@@ -4,8 +4,8 @@ the catalog, `patches/__init__.py`, and in each patch's docstring).
 Owns `install` for `llama3_rope_scaling`, `attention_head_dim_unpadded`,
 `attention_logit_cap`, `native_attention_per_rank` and `swa_pool_native_attention` (one wrapper
 of the CPU attention), `swa_mapping_copied`, `swa_mapping_not_static`, `cache_loc_copied`,
-`scheduler_faulthandler`, `sampler_key_typed`, `cpu_memory_balance`, `lora_text_config` and
-`lora_buffers_per_layer`;
+`scheduler_faulthandler`, `sampler_key_typed`, `cpu_memory_balance`, `lora_text_config`,
+`lora_buffers_per_layer` and `experts_matmul_off_tpu`;
 `unpadded_heads`, the head cut the attention fix applies, and `window_slots`, the slot
 translation of the sliding-window pool.
 """
@@ -25,6 +25,7 @@ from jaxtyping import Array, Float
 
 from sgl_jax_rollout.engine import upstream
 from sgl_jax_rollout.engine.dp_attention import per_rank_native_attention
+from sgl_jax_rollout.engine.grouped_matmul import grouped_matmul
 from sgl_jax_rollout.engine.native_attention import (
     paged_native_attention,
     window_slots,
@@ -54,6 +55,7 @@ def install() -> None:
     wrap(get("ModelRunner"), "get_available_device_memory", _host_memory_unchecked_on_cpu)
     wrap(get("LoRAManager"), "__init__", _lora_manager_on_text_config)
     wrap(get("LoRAManager"), "init_memory_pool", _lora_buffers_per_layer)
+    wrap(upstream.module("layers.moe"), "gmm", _experts_matmul_off_tpu)
 
 
 def _llama3_scaled_frequencies(original, self, *args, **kwargs):
@@ -314,4 +316,28 @@ def _host_memory_unchecked_on_cpu(original, self):
         self.device,
         distributed=jax.process_count() != 1,
         device_indexes=self.server_args.device_indexes,
+    )
+
+
+# gmm's arguments that `grouped_matmul` does not serve: with any of them set, upstream's gmm runs
+_GMM_EXTRAS = ("rhs_scale", "rhs_bias", "existing_out", "activation_quantized_dtype", "tiling")
+
+
+def _experts_matmul_off_tpu(original, lhs, rhs, group_sizes, **kwargs):
+    """experts_matmul_off_tpu: where upstream's gmm would run its Pallas kernel interpreted
+    (off TPU, or `interpret=True`), the MoE layer's grouped matmul is `grouped_matmul`
+    (`jax.lax.ragged_dot`), for weights without scales or bias; quantized experts keep
+    upstream's."""
+    interpret = kwargs.get("interpret")
+    if interpret is None:
+        interpret = not upstream.get("is_tpu_runtime")()
+    if not interpret or any(kwargs.get(name) is not None for name in _GMM_EXTRAS):
+        return original(lhs, rhs, group_sizes, **kwargs)
+    offset = kwargs.get("group_offset")
+    return grouped_matmul(
+        lhs,
+        rhs,
+        group_sizes,
+        jnp.zeros((), jnp.int32) if offset is None else offset,
+        kwargs.get("preferred_element_type", jnp.float32),
     )
