@@ -325,9 +325,9 @@ _GMM_EXTRAS = ("rhs_scale", "rhs_bias", "existing_out", "activation_quantized_dt
 
 def _experts_matmul_off_tpu(original, lhs, rhs, group_sizes, **kwargs):
     """experts_matmul_off_tpu: where upstream's gmm would run its Pallas kernel interpreted
-    (off TPU, or `interpret=True`), the MoE layer's grouped matmul is `grouped_matmul`
-    (`jax.lax.ragged_dot`), for weights without scales or bias; quantized experts keep
-    upstream's."""
+    (off TPU, or `interpret=True`), the MoE layer's grouped matmul is `grouped_matmul` (row
+    tiles times their experts' weights), for weights without scales or bias; quantized
+    experts keep upstream's."""
     interpret = kwargs.get("interpret")
     if interpret is None:
         interpret = not upstream.get("is_tpu_runtime")()
