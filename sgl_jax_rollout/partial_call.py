@@ -87,7 +87,7 @@ def generate_groups(
             paused.pause(resumed)  # nothing paused is lost when a call fails
             raise
         for (_, member), done in zip(running, completions, strict=True):
-            member.extend(done, version, call.limit, stop_rule)
+            member.extend(done, done.weights_version, call.limit, stop_rule)
     complete = [g for g in groups if g.complete] if verdicts is None else verdicts.accepted
     kept = complete[:groups_needed]
     paused.pause([g for g in groups if g not in kept and g not in refused])

@@ -27,6 +27,7 @@ The pure rules it composes live in `rollout_inputs`; `SglangJaxRollout` only tra
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -58,6 +59,7 @@ class RequestPolicy:
         self._vocab_size = engine.vocab_size
         self._context = engine.settings.context_length
         self._fresh_seeds = np.random.default_rng(seed)
+        self._seeds_lock = threading.Lock()  # calls come from many threads at once
         self._logged = False
 
     def call(
@@ -123,7 +125,8 @@ class RequestPolicy:
     def seeds(self, seed: Any, num_prompts: int, n: int) -> list[int]:
         """One seed per sample; with several JAX processes, this process's share of the global
         batch's seeds (`hosts.process_share`)."""
-        return inputs.sample_seeds(seed, num_prompts, n, self._fresh_seeds, process_share())
+        with self._seeds_lock:
+            return inputs.sample_seeds(seed, num_prompts, n, self._fresh_seeds, process_share())
 
     def stop_rules(
         self, options: SamplingOptions, rollout_config: Any

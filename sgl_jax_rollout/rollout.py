@@ -11,6 +11,7 @@ in `sgl_jax_rollout.engine`, sampling math in `sgl_jax_rollout.sampling`.
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -79,7 +80,7 @@ class SglangJaxRollout(RolloutMemory, BaseRollout):
         partial_call.check_partial(partial_rollout, max_staleness, settings)
         self._partial_rollout, self._max_staleness = partial_rollout, max_staleness
         self._paused = PausedGroups()
-        self.policy_version = 0  # + 1 at every update_params
+        self._partial_calls = threading.Lock()  # partial calls share the paused groups
         self._engine = RolloutEngine(model_path, settings, inputs.sampler_modes(defaults), lora)
         try:  # a failure from here on must not leave the engine running
             raw = tokenizer or self._engine.tokenizer
@@ -139,8 +140,17 @@ class SglangJaxRollout(RolloutMemory, BaseRollout):
         )
         if not self._partial_rollout:
             return rollout_call.generate_groups(self._policy, self._tokenizer, request)
-        state = (self._paused, self.policy_version, self._max_staleness)  # read at each call
-        return partial_call.generate_groups(self._policy, self._tokenizer, *state, request)
+        with self._partial_calls:  # one at a time: each continues what the last one paused
+            state = (self._paused, self.policy_version, self._max_staleness)
+            return partial_call.generate_groups(self._policy, self._tokenizer, *state, request)
+
+    @property
+    def policy_version(self) -> int:
+        """The weight version the engine serves: + 1 at every `update_params`. Every output
+        says which version sampled each token (`versions`): an update waits for the calls
+        running when it arrives, and calls arriving meanwhile wait for it, so a completion
+        never mixes two (but a partial rollout's continued samples, by design)."""
+        return self._engine.weights_version
 
     @property
     def partial_rollout(self) -> bool:
@@ -215,7 +225,6 @@ class SglangJaxRollout(RolloutMemory, BaseRollout):
         del filter_types  # the cluster already filtered the state it passes; names tell LoRA
         base, lora = split_update(params, self._actor)
         self._engine.update_weights(base, lora=lora)
-        self.policy_version += 1
 
     def pad_id(self) -> int:
         return self._tokenizer.pad_id()

@@ -234,11 +234,14 @@ def sample_limits(limits: Sequence[int] | None, samples: int, max_new: int) -> l
 
 
 def prompt_list(prompts: Any) -> list[str]:
-    """`generate`'s prompts as a list of strings (tunix's PPO learner passes a numpy array);
-    raises ValueError naming what is wrong."""
+    """`generate`'s prompts as a list of strings (tunix's PPO learner passes a numpy array;
+    its agentic learner, under 0.1.7, one `str`: one prompt, as tunix's `VanillaRollout`
+    takes it); raises ValueError naming what is wrong."""
+    if isinstance(prompts, str):
+        return [prompts]
     if isinstance(prompts, np.ndarray) and prompts.ndim == 1:
         prompts = prompts.tolist()
-    if isinstance(prompts, str) or not isinstance(prompts, Sequence):
+    if not isinstance(prompts, Sequence):
         raise ValueError(f"prompts must be a list of strings, got {type(prompts).__name__}")
     if not prompts:
         raise ValueError("prompts must not be empty")

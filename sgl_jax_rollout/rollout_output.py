@@ -35,8 +35,9 @@ class RolloutOutputWithEntropy(RolloutOutput):
     entropy: list[np.ndarray] | None = None
     routed_experts: list[np.ndarray] | None = None
     prompt_routed_experts: list[np.ndarray] | None = None
-    # With partial rollouts: the policy version (`SglangJaxRollout.policy_version`) that
-    # sampled each token, `[len(tokens[i])]`; its logprob is under that version.
+    # The policy version (`SglangJaxRollout.policy_version`) that sampled each token,
+    # `[len(tokens[i])]`; its logprob is under that version. One version per completion but
+    # with partial rollouts, whose continued samples span versions.
     versions: list[np.ndarray] | None = None
 
 
@@ -55,13 +56,15 @@ def assemble(
     *,
     versions: bool = False,
 ) -> RolloutOutputWithEntropy:
-    """The output of a call's `samples` (the engine's completions, or with `versions` a partial
-    rollout's `Member`s, each token with the policy version that sampled it); `rows[i]` is the
-    prompt ids of sample i. Routed experts come with completions that carry them."""
+    """The output of a call's `samples` (the engine's completions, each sampled under one
+    weight version, or with `versions` a partial rollout's `Member`s, each token with the
+    policy version that sampled it); `rows[i]` is the prompt ids of sample i. Routed experts
+    come with completions that carry them."""
     if versions:
         extra = {"versions": [np.asarray(s.versions, np.int32) for s in samples]}
     else:
         extra = _routing(samples, [len(r) for r in rows])
+        extra["versions"] = [np.full(len(s.tokens), s.weights_version, np.int32) for s in samples]
     return RolloutOutputWithEntropy(
         text=[completion_text(tokenizer, s.tokens, stops) for s in samples],
         logits=None,

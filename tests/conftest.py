@@ -316,5 +316,6 @@ def stores_empty_after(request):
                 "specs": 0,
                 "records": 0,
                 "completions": 0,
+                "watches": 0,
                 "detokenizer_states": 0,
             }

@@ -4,10 +4,11 @@ Owns the only per-request state we add to the engine: the `RequestSpec` of each 
 submitted, the per-token values (logprob, entropy, top logprobs) recorded for it step by
 step, and its `Completion` once finished. Callers `register` before submitting and `take`
 (or `forget`) after; every store is keyed by request id, and `sizes()` lets tests check that
-nothing outlives its request. A call that needs only some groups of its requests
-`watch_groups`: a future set, on the scheduler thread, as soon as enough groups have every
-request finished; with `accept`, only the groups `accept` passes count, judged on the caller's
-thread (`judge_groups`) while the engine goes on.
+nothing outlives its request. Many calls may hold requests at once (`engine.call_gate`). A
+call that needs only some groups of its requests `watch_groups`: a watch of its own, whose
+future is set, on the scheduler thread, as soon as enough groups have every request finished;
+with `accept`, only the groups `accept` passes count, judged on the caller's thread
+(`judge_groups`) while the engine goes on.
 
 The scheduler side is four hooks, called by the sampler hooks (`patches/sampler_hooks.py`):
 `fail` (a step of these requests failed: each gets a completion carrying the error),
@@ -62,6 +63,9 @@ class Completion:
     # input position to, `[prompt + len(tokens) - 1, layers, top_k]` (the last token is never
     # an input), as upstream collects them when the request finishes.
     routed_experts: np.ndarray | None = None
+    # The engine's weight version while the request ran (`RolloutEngine.weights_version`;
+    # set by the call that took it: weights never change under a running call).
+    weights_version: int | None = None
 
 
 @dataclasses.dataclass
@@ -85,7 +89,7 @@ class Collector:
         self._done: dict[str, Completion] = {}
         self._step_rows: dict[int, int] = {}
         self._step_values: StepValues | None = None
-        self._watch: _GroupWatch | None = None
+        self._watches: dict[str, _GroupWatch] = {}  # request id -> its call's group watch
 
     # Caller side.
     def watch_groups(
@@ -93,26 +97,31 @@ class Collector:
         group_of: Mapping[str, int],
         need: int,
         accept: Callable[[int, list[Completion]], bool] | None = None,
-    ) -> concurrent.futures.Future:
-        """A future set to the first `need` groups (ids, in the order they completed) whose
-        every request finished without error or abort; `group_of` maps request ids to groups.
-        With `accept`, a complete group counts only when `accept(group, its completions in
-        request order)` is true, called by `judge_groups` (the caller's thread). One watch at a
-        time (calls are serialised); `unwatch` ends it."""
+    ) -> _GroupWatch:
+        """A watch of one call's requests: its `future` is set to the first `need` groups (ids,
+        in the order they completed) whose every request finished without error or abort;
+        `group_of` maps the call's request ids to groups. With `accept`, a complete group
+        counts only when `accept(group, its completions in request order)` is true, called by
+        `judge_groups` (the caller's thread). `unwatch` ends it."""
+        watch = _GroupWatch(dict(group_of), need, accept)
         with self._lock:
-            self._watch = _GroupWatch(dict(group_of), need, accept)
-            return self._watch.future
+            taken = [rid for rid in group_of if rid in self._watches]
+            if taken:
+                raise ValueError(f"request {taken[0]!r} is already watched by another call")
+            self._watches.update(dict.fromkeys(group_of, watch))
+        return watch
 
-    def judge_groups(self) -> list[int]:
+    def judge_groups(self, watch: _GroupWatch | None) -> list[int]:
         """With a watch's `accept`: judges the groups completed since the last call, in the
         order they completed (until the watch has `need`); returns every group accepted so
-        far. Caller's thread only."""
-        watch = self._watch
+        far. The watching call's thread only."""
         if watch is None or watch.accept is None:
             return []
-        while watch.ready and not watch.future.done():
-            group = watch.ready.popleft()
+        while not watch.future.done():
             with self._lock:
+                if not watch.ready:
+                    break
+                group = watch.ready.popleft()
                 done = [self._done[rid] for rid in watch.rids_of[group]]
             if watch.accept(group, done):
                 watch.accepted.append(group)
@@ -120,9 +129,13 @@ class Collector:
                     watch.future.set_result(list(watch.accepted))
         return list(watch.accepted)
 
-    def unwatch(self) -> None:
+    def unwatch(self, watch: _GroupWatch | None) -> None:
+        if watch is None:
+            return
         with self._lock:
-            self._watch = None
+            for rid in watch.group_of:
+                if self._watches.get(rid) is watch:
+                    del self._watches[rid]
 
     def register(self, rid: str, spec: RequestSpec) -> None:
         with self._lock:
@@ -175,6 +188,7 @@ class Collector:
                 "specs": len(self._specs),
                 "records": len(self._records),
                 "completions": len(self._done),
+                "watches": len(self._watches),
             }
 
     # Scheduler side.
@@ -253,10 +267,11 @@ class Collector:
         )
         self._records.pop(req.rid, None)
         self._specs.pop(req.rid, None)
-        if self._watch is not None:
+        watch = self._watches.get(req.rid)
+        if watch is not None:
             reason = self._done[req.rid].finish_reason
             aborted = isinstance(reason, dict) and reason.get("type") == "abort"
-            self._watch.finished(req.rid, error is None and not aborted)
+            watch.finished(req.rid, error is None and not aborted)
 
 
 class _GroupWatch:

@@ -6,12 +6,15 @@ and one entropy each), `score` (prefill-only logprobs of given completions), `up
 (checked, atomic, serialised with generation, prefix cache flushed) and `shutdown` (stops the
 engine's own threads; never signals other processes, unlike upstream's `Engine.shutdown`).
 
-Calls are serialised by one lock: a batch never mixes requests of two calls, and a weight
-swap never races a running step. Requests go to sgl-jax's tokenizer manager on the engine's
-own event loop (`enable_engine_loop_run_forever_daemon`), so any thread may call.
+Any thread may call, many at once: `generate` and `score` calls run together, their requests
+admitted into the engine's running batch as they arrive (continuous batching across calls,
+each call returning as soon as its own requests finish), while weight swaps, memory release
+and resume, and shutdown run alone, after the calls running when they arrive and before the
+calls arriving after them (`engine.call_gate`). Requests go to sgl-jax's tokenizer manager on
+the engine's own event loop (`enable_engine_loop_run_forever_daemon`).
 
 The class checks the settings against the model and the devices, then hands each job to one
-collaborator sharing that lock: requests and scoring (`engine.requests`), weight swaps
+collaborator sharing that gate: requests and scoring (`engine.requests`), weight swaps
 (`engine.weight_updates`), memory release and resume (`engine.memory_lifecycle`), the
 engine's start and teardown (`engine.process`). Their mechanics must not grow back here.
 """
@@ -28,6 +31,7 @@ import numpy as np
 
 from sgl_jax_rollout.engine import memory, patches, rope_phases
 from sgl_jax_rollout.engine.availability import require_sgl_jax
+from sgl_jax_rollout.engine.call_gate import CallGate
 from sgl_jax_rollout.engine.collector import Collector, Completion
 from sgl_jax_rollout.engine.lora import LoraLayout, engine_lora_args
 from sgl_jax_rollout.engine.memory_lifecycle import MemoryLifecycle
@@ -147,14 +151,15 @@ class RolloutEngine:
                 else "inv_freq"
             ),
         )
-        self._lock = threading.Lock()  # one call at a time
-        self._process = EngineProcess(self._hooks, self._lock)
-        self._memory = MemoryLifecycle(self._process, self._lock)
-        self._weight_updates = WeightUpdates(self._process, self._memory, self._lock)
+        self._gate = CallGate()
+        self._process = EngineProcess(self._hooks, self._gate)
+        self._memory = MemoryLifecycle(self._process, self._gate)
+        self._weight_updates = WeightUpdates(self._process, self._memory, self._gate)
         self._requests = Requests(
             self._process,
-            self._lock,
+            self._gate,
             self._memory.check_serving,
+            lambda: self._weight_updates.version,
             self.collector,
             self.prefill_counts,
             vocab,
@@ -187,8 +192,10 @@ class RolloutEngine:
         keep_partial: bool = False,
         accept: Callable[[int, list[Completion]], bool] | None = None,
     ) -> list[Completion | None]:
-        """One completion per (prompt, spec), in order. Specs must share their output modes.
-        `max_new_tokens`: one limit for every row, or one per row.
+        """One completion per (prompt, spec), in order, each stamped with the weight version
+        that sampled it (`weights_version`). Specs must share their output modes; calls of
+        other modes wait for the running ones to end. `max_new_tokens`: one limit for every
+        row, or one per row.
 
         With `groups` (a group id per row) and `need_groups`, the call returns as soon as that
         many groups have every row finished: the rows of the other groups are aborted (their KV
@@ -229,8 +236,8 @@ class RolloutEngine:
         return self._requests.score(prompts, completions)
 
     def abort(self, reason: str = "aborted by the caller") -> None:
-        """Ends every request in flight; the running call raises RuntimeError with `reason`.
-        The engine keeps serving (safe from any thread)."""
+        """Ends every request in flight; every call running raises RuntimeError with
+        `reason`. The engine keeps serving (safe from any thread)."""
         self._requests.abort(reason)
 
     # Weights.
@@ -243,8 +250,15 @@ class RolloutEngine:
 
         Mapping and checks run on the caller's thread; the swap and the prefix-cache flush run
         together on the scheduler thread while it is fully idle, so no step sees half of it.
+        Calls running when it arrives finish under the old weights first; calls arriving while
+        it waits or runs start after it, under the new ones.
         """
         self._weight_updates.update(params, lora)
+
+    @property
+    def weights_version(self) -> int:
+        """Weight swaps so far (`update_weights` calls that completed)."""
+        return self._weight_updates.version
 
     # Memory.
     def release_memory(
@@ -254,12 +268,14 @@ class RolloutEngine:
         restore: Callable[[], tuple[Any, Any]] | None = None,
     ) -> memory.Released:
         """Frees the KV pool (and with `weights` the model's parameters) on the devices, after
-        the running call if one runs (it waits for it); flushes the prefix cache first. Until
-        `resume_memory`, every call that needs them raises RuntimeError naming the release;
-        with `resume_on_use`, the first such call resumes instead (what a learner asks):
-        `update_weights` with its weights; a call that serves, with the KV pool alone, or with
-        weights released, with `restore()`'s `(params, lora)` (the weights it served before the
-        release, which the trainer keeps); without `restore` that call raises, naming it."""
+        the running calls (it waits for them; calls arriving meanwhile wait for it); flushes
+        the prefix cache first. Until `resume_memory`, every call that needs them raises
+        RuntimeError naming the release; with `resume_on_use`, the first such call resumes
+        instead (what a learner asks): `update_weights` with its weights; a call that serves,
+        with the KV pool alone, or with weights released, with `restore()`'s `(params, lora)`
+        (the weights it served before the release, which the trainer keeps); without `restore`
+        that call raises, naming it. Calls made from other threads meanwhile wait for the
+        first one's resume."""
         return self._memory.release(weights, resume_on_use, restore)
 
     @property
@@ -286,8 +302,8 @@ class RolloutEngine:
     def shutdown(self) -> None:
         """Stops the engine's own threads and closes its sockets; touches no other process.
 
-        Safe from any thread and at any time: a call running in another thread ends at once
-        with RuntimeError ("... was shut down ..."), then the engine is taken down.
+        Safe from any thread and at any time: calls running in other threads end at once with
+        RuntimeError ("... was shut down ..."), then the engine is taken down.
         """
         self._process.shutdown()
 

@@ -7,8 +7,10 @@ still zero stand-ins (`weights_pending`); `check_serving` is what every serving 
 first. The device work itself (deleting and re-making buffers) is `engine.memory`'s, run on
 the idle scheduler thread (`EngineProcess.when_idle`).
 
-`check_serving` and `resume_with` run under the call lock their caller (a serving call,
-`update_weights`) holds: they must not take it.
+Release, resume and `resume_with` run as the engine's exclusive job (`CallGate.exclusive`:
+no call is running). `check_serving` runs in every serving call, several at once: the first
+that finds a release with `resume_on_use` resumes it while the others wait (no request of
+theirs is in the engine yet), then they find it resumed.
 """
 
 from __future__ import annotations
@@ -18,13 +20,15 @@ from collections.abc import Callable
 from typing import Any
 
 from sgl_jax_rollout.engine import memory
+from sgl_jax_rollout.engine.call_gate import CallGate
 from sgl_jax_rollout.engine.process import EngineProcess
 
 
 class MemoryLifecycle:
-    def __init__(self, process: EngineProcess, lock: threading.Lock) -> None:
+    def __init__(self, process: EngineProcess, gate: CallGate) -> None:
         self._process = process
-        self._lock = lock  # the engine's call lock
+        self._gate = gate  # the engine's admission
+        self._checking = threading.Lock()  # one serving call's `check_serving` at a time
         self.released: memory.Released | None = None  # set between release and resume
         self.resume_on_use = False  # the next call that needs the engine resumes it
         self.restore = None  # with resume_on_use: the weights a serving call resumes with
@@ -43,7 +47,7 @@ class MemoryLifecycle:
         """`RolloutEngine.release_memory`."""
         if restore is not None and not (weights and resume_on_use):
             raise ValueError("release_memory: restore needs weights=True and resume_on_use=True")
-        with self._lock:
+        with self._gate.exclusive():
             self._process.check_open()
             if self.released is not None:
                 raise RuntimeError("release_memory: the engine's memory is already released")
@@ -56,12 +60,12 @@ class MemoryLifecycle:
 
     def resume_memory(self) -> None:
         """`RolloutEngine.resume_memory`."""
-        with self._lock:
+        with self._gate.exclusive():
             self._process.check_open()
             self._resume()
 
     def _resume(self) -> None:
-        """`resume_memory`, with the lock held."""
+        """`resume_memory`, with no call running."""
         if self.released is None:
             return
         released = self.released
@@ -72,7 +76,7 @@ class MemoryLifecycle:
         self._resumed()
 
     def resume_with(self, params: Any, lora: Any) -> None:
-        """Resumes serving `params` (lock held). The weights are mapped and swapped in before
+        """Resumes serving `params` (no call running). The weights are mapped and swapped in before
         the KV pool comes back, so the peak is two copies of the weights (the old, or zero
         stand-ins for released ones, and the new) or the weights and the KV pool, never all
         three at once."""
@@ -108,8 +112,12 @@ class MemoryLifecycle:
         return memory.release(self._process.model_runner, weights)
 
     def check_serving(self, what: str) -> None:
-        """Raises unless the engine can serve `what` now (lock held); a release with
-        `resume_on_use` is resumed here instead."""
+        """Raises unless the engine can serve `what` now (in a serving call, before any of its
+        requests is sent); a release with `resume_on_use` is resumed here instead."""
+        with self._checking:
+            self._check_serving(what)
+
+    def _check_serving(self, what: str) -> None:
         self._process.check_open()
         if self.released is not None and self.resume_on_use:
             if self.released.weights is None:

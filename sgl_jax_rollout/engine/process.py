@@ -32,6 +32,7 @@ from typing import Any
 import zmq
 
 from sgl_jax_rollout.engine import patches, upstream
+from sgl_jax_rollout.engine.call_gate import CallGate
 from sgl_jax_rollout.engine.lora import LoraLayout
 
 logger = logging.getLogger(__name__)
@@ -45,12 +46,12 @@ TOKENIZER_WORKAROUND = "Created patched tokenizer config workaround"  # sgl-jax'
 class EngineProcess:
     """One started sgl-jax engine (or what a failed start left of it) and its teardown.
 
-    `lock` is the engine's call lock: a shutdown takes it, so it waits for the running call
-    (which `hooks.ended` wakes) and never tears down under a step."""
+    `gate` is the engine's admission: a shutdown runs as its exclusive job, so it waits for the
+    running calls (which `hooks.ended` wakes) and never tears down under a step."""
 
-    def __init__(self, hooks: patches.EngineHooks, lock: threading.Lock) -> None:
+    def __init__(self, hooks: patches.EngineHooks, gate: CallGate) -> None:
         self.hooks = hooks
-        self._lock = lock
+        self._gate = gate
         self._ending = threading.Lock()  # one shutdown at a time
         self.engine = None
         self.scheduler = None
@@ -121,7 +122,7 @@ class EngineProcess:
 
     def _shut_down_after_fault(self, reason: str) -> None:
         """Called on the failing engine thread: shut down from a thread of our own, which
-        waits for the running call to give up the lock (it is woken by `ended`)."""
+        waits for the running calls to leave (they are woken by `ended`)."""
         threading.Thread(target=self.shutdown, name="sgl-jax-rollout-shutdown", daemon=True).start()
 
     def shutdown(self) -> None:
@@ -130,7 +131,7 @@ class EngineProcess:
             if self.engine is None and self.hooks.released.is_set():
                 return
             self.hooks.end("the rollout engine was shut down")
-            with self._lock:
+            with self._gate.exclusive():
                 self.teardown("the rollout engine was shut down")
 
     def teardown(self, reason: str) -> None:

@@ -6,8 +6,12 @@ engine's own event loop (so any thread may call), early stop of `generate` by gr
 `accept`, slime's dynamic sampling), the shared prefill of repeated prompts, and every failure
 named in one RuntimeError. Also `PrefillCounts` and `reported_input_id`.
 
-Each call holds the engine's call lock while its requests run, so a batch never mixes
-requests of two calls. Must not change weights or memory (it only asks `check_serving`).
+Calls from many threads run at once: each is admitted by the engine's `CallGate` as a serving
+call of its sampler output mode, and its requests join the engine's running batch beside
+other calls' (continuous batching across calls). Everything a call needs beyond the shared
+stores (its request ids, its group watch, why it was aborted) is its own `_CallState`; the
+collector's stores are keyed by request id. Must not change weights or memory (it only asks
+`check_serving`).
 """
 
 from __future__ import annotations
@@ -15,19 +19,22 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import contextlib
 import dataclasses
 import logging
 import threading
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED
 from typing import Any
 
 import numpy as np
 
 from sgl_jax_rollout.engine import upstream
+from sgl_jax_rollout.engine.call_gate import SCORING_MODE, CallGate
 from sgl_jax_rollout.engine.collector import Collector, Completion
 from sgl_jax_rollout.engine.process import EngineProcess
+from sgl_jax_rollout.engine.request_checks import checked_groups, checked_ids
 from sgl_jax_rollout.engine.rows import RequestSpec
 from sgl_jax_rollout.engine.settings import EngineSettings
 
@@ -52,23 +59,34 @@ class PrefillCounts:
             self.computed += int(meta.get("prompt_tokens", 0)) - int(meta.get("cached_tokens", 0))
 
 
+@dataclasses.dataclass(eq=False)
+class _CallState:
+    """What one running call owns: `abort_reason`, set when `RolloutEngine.abort` ended it."""
+
+    abort_reason: str | None = None
+
+
 class Requests:
     def __init__(
         self,
         process: EngineProcess,
-        lock: threading.Lock,
+        gate: CallGate,
         check_serving: Callable[[str], None],
+        weights_version: Callable[[], int],
         collector: Collector,
         prefill_counts: PrefillCounts,
         vocab_size: int,
     ) -> None:
         self._process = process
-        self._lock = lock  # the engine's call lock
+        self._gate = gate  # the engine's admission
         self._check_serving = check_serving  # `MemoryLifecycle.check_serving`
+        self._weights_version = weights_version  # fixed while any call is admitted
         self.collector = collector
         self.prefill_counts = prefill_counts
         self.vocab_size = vocab_size
-        self._abort_reason: str | None = None
+        self._calls_lock = threading.Lock()
+        self._calls: set[_CallState] = set()  # the calls running now (`abort` ends them)
+        self._count_lock = threading.Lock()  # `prefill_counts` is added to by every call
 
     def generate(
         self,
@@ -94,10 +112,10 @@ class Requests:
         if len(modes) > 1:
             raise ValueError(f"one call must use one logprob / entropy mode, got {modes}")
         rows = len(prompts)
-        _check_groups(groups, need_groups, rows)
+        checked_groups(groups, need_groups, rows)
         if accept is not None and need_groups is None:
             raise ValueError("accept judges groups: it needs groups and need_groups")
-        input_ids = [self._checked_ids(p, f"prompt {i}") for i, p in enumerate(prompts)]
+        input_ids = [checked_ids(p, self.vocab_size, f"prompt {i}") for i, p in enumerate(prompts)]
         stop = stop or [()] * rows
         stop_token_ids = stop_token_ids or [()] * rows
         ignore_eos = ignore_eos or [False] * rows
@@ -114,53 +132,73 @@ class Requests:
             for i in range(rows)
         ]
         rids = [uuid.uuid4().hex for _ in range(rows)]
-        with self._lock:
+        with self._gate.serving(modes.pop()), self._running() as call:
             self._check_serving("generate")
-            self._abort_reason = None
+            version = self._weights_version()
+            watch = None
             try:
-                self._share_prefill(settings, input_ids)
+                self._share_prefill(settings, input_ids, call)
                 for rid, spec in zip(rids, specs, strict=True):
                     self.collector.register(rid, spec)
-                early = None
                 if need_groups is not None:
                     group_of = dict(zip(rids, groups, strict=True))
-                    early = self.collector.watch_groups(group_of, need_groups, accept)
+                    watch = self.collector.watch_groups(group_of, need_groups, accept)
                 outputs = self._submit(
-                    early=early,
-                    judged=accept is not None,
+                    watch,
                     input_ids=input_ids,
                     sampling_params=params,
                     rid=rids,
                     return_routed_experts=settings.return_routed_experts,
                 )
-                accepted = self.collector.judge_groups()  # the groups that finished last
+                accepted = self.collector.judge_groups(watch)  # the groups that finished last
                 completions = [self.collector.take(rid) for rid in rids]
+                for done in completions:
+                    if done is not None:
+                        done.weights_version = version
             except BaseException:
                 self._abort(rids)
                 raise
             finally:
-                self.collector.unwatch()
+                self.collector.unwatch(watch)
                 self.collector.forget(rids)
-        self.prefill_counts.add(outputs, sum(map(len, input_ids)))
+        self._count(outputs, sum(map(len, input_ids)))
         keep = [True] * rows
         if accept is not None:
             passed = set(accepted)
             keep = [g in passed for g in groups]
-        elif early is not None:
-            kept = set(early.result())
+        elif watch is not None:
+            kept = set(watch.future.result() if watch.future.done() else watch.complete)
             keep = [g in kept for g in groups]
         failures = [
             problem
             for out, done, k in zip(outputs, completions, keep, strict=True)
-            if (problem := self._failure(out, done) if k else done and done.error) is not None
+            if (problem := self._failure(out, done, call) if k else done and done.error) is not None
         ]
         if failures:
             raise RuntimeError(_summary(failures, rows))
         if keep_partial:
-            return [c or _unstarted(rid) for c, rid in zip(completions, rids, strict=True)]
+            return [c or _unstarted(rid, version) for c, rid in zip(completions, rids, strict=True)]
         return [c if k else None for c, k in zip(completions, keep, strict=True)]
 
-    def _share_prefill(self, settings: EngineSettings, input_ids: list[list[int]]) -> None:
+    @contextlib.contextmanager
+    def _running(self) -> Iterator[_CallState]:
+        """The state of a call admitted to the engine, known to `abort` while it runs."""
+        call = _CallState()
+        with self._calls_lock:
+            self._calls.add(call)
+        try:
+            yield call
+        finally:
+            with self._calls_lock:
+                self._calls.discard(call)
+
+    def _count(self, outputs: Sequence[dict], sent: int) -> None:
+        with self._count_lock:
+            self.prefill_counts.add(outputs, sent)
+
+    def _share_prefill(
+        self, settings: EngineSettings, input_ids: list[list[int]], call: _CallState
+    ) -> None:
         """share_group_prefill: every prompt the call holds more than once is prefilled once,
         in a prefill-only request of its own (`max_new_tokens` 0, as upstream's tokenizer
         manager does for `parallel_sample_num`), so that its copies find its KV in the prefix
@@ -180,21 +218,22 @@ class Requests:
             part = repeated[start : start + per_submit]
             outputs = self._submit_unrecorded(
                 "shared prompt prefills",
+                call,
                 input_ids=part,
                 sampling_params=[{"max_new_tokens": 0}] * len(part),
                 rid=[uuid.uuid4().hex for _ in part],
             )
-            self.prefill_counts.add(outputs, 0)
+            self._count(outputs, 0)
 
-    def _submit_unrecorded(self, what: str, **fields: Any) -> list[dict]:
+    def _submit_unrecorded(self, what: str, call: _CallState, **fields: Any) -> list[dict]:
         """`_submit` for requests the collector does not record (scoring, shared prefills):
         aborted when the submission fails; RuntimeError naming `what` if any was aborted."""
         try:
-            outputs = self._submit(**fields)
+            outputs = self._submit(None, **fields)
         except BaseException:
             self._abort(fields["rid"])
             raise
-        failures = [p for out in outputs if (p := self._aborted(out)) is not None]
+        failures = [p for out in outputs if (p := self._aborted(out, call)) is not None]
         if failures:
             raise RuntimeError(_summary(failures, len(outputs), what))
         return outputs
@@ -213,13 +252,13 @@ class Requests:
         for i in rows:
             if not len(prompts[i]):
                 raise ValueError(f"prompt {i} is empty: scoring needs at least one prompt token")
-            prompt = self._checked_ids(prompts[i], f"prompt {i}")
-            ids[i] = (prompt, self._checked_ids(completions[i], f"completion {i}"))
-        with self._lock:
+            prompt = checked_ids(prompts[i], self.vocab_size, f"prompt {i}")
+            ids[i] = (prompt, checked_ids(completions[i], self.vocab_size, f"completion {i}"))
+        with self._gate.serving(SCORING_MODE), self._running() as call:
             self._check_serving("score")
-            self._abort_reason = None
             outputs = self._submit_unrecorded(
                 "scoring",
+                call,
                 input_ids=[ids[i][0] + ids[i][1] for i in rows],
                 sampling_params=[{"max_new_tokens": 1, "temperature": 0.0}] * len(rows),
                 rid=[uuid.uuid4().hex for _ in rows],
@@ -235,31 +274,20 @@ class Requests:
         return result
 
     def abort(self, reason: str) -> None:
-        """`RolloutEngine.abort`."""
+        """`RolloutEngine.abort`: every call running now ends, naming `reason`."""
         engine = self._process.engine
         if engine is None or self._process.hooks.ended.done():
             return
-        self._abort_reason = reason
+        with self._calls_lock:
+            for call in self._calls:
+                call.abort_reason = reason
         engine.abort_request(abort_all=True)
 
-    def _checked_ids(self, ids: Sequence[int], what: str) -> list[int]:
-        """Token ids as ints in [0, vocab_size), or ValueError naming the row and position."""
-        out = []
-        for j, t in enumerate(ids):
-            if isinstance(t, bool) or not isinstance(t, int | np.integer):
-                raise ValueError(f"{what}: token {j} must be an integer id, got {t!r}")
-            if not 0 <= t < self.vocab_size:
-                raise ValueError(
-                    f"{what}: token {j} is {int(t)}, outside the vocabulary [0, {self.vocab_size})"
-                )
-            out.append(int(t))
-        return out
-
-    def _failure(self, out: dict, done: Completion | None) -> str | None:
+    def _failure(self, out: dict, done: Completion | None, call: _CallState) -> str | None:
         """Why a request's completion cannot be returned, or None."""
         if done is not None and done.error:
             return done.error
-        aborted = self._aborted(out)
+        aborted = self._aborted(out, call)
         if aborted is not None:
             return aborted
         expected = out["meta_info"]["completion_tokens"]
@@ -271,23 +299,22 @@ class Requests:
             )
         return None
 
-    def _aborted(self, out: dict) -> str | None:
+    def _aborted(self, out: dict, call: _CallState) -> str | None:
         reason = out["meta_info"].get("finish_reason")
         if not isinstance(reason, dict) or reason.get("type") != "abort":
             return None
         message = reason.get("message") or "aborted"
-        if self._abort_reason is not None and message in ("Aborted", "Abort before prefill"):
-            return f"aborted: {self._abort_reason}"
+        if call.abort_reason is not None and message in ("Aborted", "Abort before prefill"):
+            return f"aborted: {call.abort_reason}"
         return message
 
-    def _submit(
-        self, early: concurrent.futures.Future | None = None, judged: bool = False, **fields: Any
-    ) -> list[dict]:
+    def _submit(self, watch: Any, **fields: Any) -> list[dict]:
         """Sends one batch request; returns its outputs, or raises when the engine ends first
-        (shut down from another thread, or stopped by a fault). When `early` is set first (a
-        `Collector.watch_groups` future), every request of the batch still running is aborted
-        and the outputs come back once upstream has ended them. `judged`: the watch's groups
-        are judged here as they finish (`Collector.judge_groups`), every `JUDGE_POLL_S`."""
+        (shut down from another thread, or stopped by a fault). When the future of `watch` (a
+        `Collector.watch_groups` watch, or None) is set first, every request of the batch still
+        running is aborted and the outputs come back once upstream has ended them. With the
+        watch's `accept`, its groups are judged here as they finish (`Collector.judge_groups`),
+        every `JUDGE_POLL_S`."""
         obj = upstream.get("GenerateReqInput")(**fields)
         engine, hooks = self._process.engine, self._process.hooks
 
@@ -297,11 +324,12 @@ class Requests:
         # The scheduler starts the call's requests together (patches/scheduling.py, whole_calls).
         hooks.arrivals.expect(fields["rid"])
         future = asyncio.run_coroutine_threadsafe(run(), engine.loop)
+        early = None if watch is None else watch.future
         waits = [future, hooks.ended, *([early] if early is not None else [])]
         try:
-            poll = JUDGE_POLL_S if judged else None
+            poll = JUDGE_POLL_S if watch is not None and watch.accept is not None else None
             while not concurrent.futures.wait(waits, poll, FIRST_COMPLETED).done:
-                self.collector.judge_groups()
+                self.collector.judge_groups(watch)
             if early is not None and early.done() and not future.done():
                 self._abort([rid for rid in fields["rid"] if not self.collector.finished(rid)])
                 concurrent.futures.wait([future, hooks.ended], return_when=FIRST_COMPLETED)
@@ -339,23 +367,10 @@ def reported_input_id(token: int, vocab_size: int) -> int:
     return token if token < vocab_size - 1 else 0
 
 
-def _unstarted(rid: str) -> Completion:
+def _unstarted(rid: str, version: int) -> Completion:
     """The completion of a request aborted before it started: no tokens."""
-    return Completion(rid, [], [], [], None, None, {"type": "abort", "message": "not started"})
-
-
-def _check_groups(groups: Sequence[int] | None, need: int | None, rows: int) -> None:
-    """`generate`'s `groups` / `need_groups`: both or neither, one group per row, need in
-    [1, distinct groups]."""
-    if groups is None and need is None:
-        return
-    if groups is None or need is None:
-        raise ValueError("groups and need_groups go together: set both or neither")
-    if len(groups) != rows:
-        raise ValueError(f"groups has {len(groups)} entries for {rows} prompts: one per prompt")
-    distinct = len(set(groups))
-    if isinstance(need, bool) or not isinstance(need, int) or not 1 <= need <= distinct:
-        raise ValueError(f"need_groups must be an integer in [1, {distinct}], got {need!r}")
+    reason = {"type": "abort", "message": "not started"}
+    return Completion(rid, [], [], [], None, None, reason, weights_version=version)
 
 
 def _summary(failures: Sequence[str], total: int, what: str = "requests") -> str:

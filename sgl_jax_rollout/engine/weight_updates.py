@@ -1,29 +1,31 @@
-"""Weight swaps of the running engine, serialised with its calls.
+"""Weight swaps of the running engine, never under a running call.
 
-Owns `WeightUpdates`, behind `RolloutEngine.update_weights` and `engine_state`: the new
-weights are mapped and checked on the caller's thread (`weights.WeightSwapper.prepare`), then
-swapped in together with a prefix-cache flush on the idle scheduler thread, under the
-engine's call lock, so no step sees half of it. After a `release_memory(resume_on_use=True)`
-the update is the resume (`MemoryLifecycle.resume_with`). Must not map weights itself
-(`engine.weights` does).
+Owns `WeightUpdates`, behind `RolloutEngine.update_weights`, `engine_state` and `version`:
+the new weights are mapped and checked on the caller's thread
+(`weights.WeightSwapper.prepare`), then swapped in together with a prefix-cache flush on the
+idle scheduler thread, as the engine's exclusive job (`CallGate.exclusive`: the calls running
+when it arrives finish first, calls arriving after it wait for it), so no step sees half of it
+and no completion is sampled under two weight versions. `version` counts the swaps; a serving
+call reads it once admitted, and it cannot change until that call returns. After a
+`release_memory(resume_on_use=True)` the update is the resume (`MemoryLifecycle.resume_with`).
+Must not map weights itself (`engine.weights` does).
 """
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
+from sgl_jax_rollout.engine.call_gate import CallGate
 from sgl_jax_rollout.engine.memory_lifecycle import MemoryLifecycle
 from sgl_jax_rollout.engine.process import EngineProcess
 
 
 class WeightUpdates:
-    def __init__(
-        self, process: EngineProcess, memory: MemoryLifecycle, lock: threading.Lock
-    ) -> None:
+    def __init__(self, process: EngineProcess, memory: MemoryLifecycle, gate: CallGate) -> None:
         self._process = process
         self._memory = memory
-        self._lock = lock  # the engine's call lock
+        self._gate = gate  # the engine's admission
+        self.version = 0  # weight swaps so far
 
     def engine_state(self):
         """`RolloutEngine.engine_state`."""
@@ -34,10 +36,11 @@ class WeightUpdates:
 
     def update(self, params: Any, lora: Any) -> None:
         """`RolloutEngine.update_weights`."""
-        with self._lock:
+        with self._gate.exclusive():
             self._process.check_open()
             if self._memory.released is not None and self._memory.resume_on_use:
                 self._memory.resume_with(params, lora)
+                self.version += 1
                 return
             if self._memory.weights_released:
                 raise RuntimeError(
@@ -47,6 +50,7 @@ class WeightUpdates:
             leaves = self._process.weights.prepare(params, lora)
             self._process.when_idle(lambda scheduler: self._swap_and_flush(scheduler, leaves))
             self._memory.weights_pending = False
+            self.version += 1
 
     def _swap_and_flush(self, scheduler: Any, leaves: list) -> None:
         self._process.weights.swap(leaves)

@@ -28,6 +28,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             "grpo",
             "start",
             "attention",
+            "concurrency",
         ],
         help="sampler: ms per sampling step; rollout: tokens/s of the rollouts; weights: "
         "update_params vs device_put; soak: many mixed requests, every completion checked "
@@ -45,7 +46,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "without the cache); attention: decode step and prefill times under sgl-jax's own "
         "native attention and ours, on the built-in model and the real checkpoint (exit 1 if "
         "ours is under 5x faster at 64 rows x 1,024 context on the real one, or slower at 8 x "
-        "128, or any greedy token differs)",
+        "128, or any greedy token differs); concurrency: 1 / 4 / 16 / 32 one-prompt calls "
+        "from as many threads at once vs one call of the same prompts (exit 1 if 16 or 32 "
+        "calls take over 1.3x the one call, or any seeded completion differs)",
     )
     bench.add_argument("--json", action="store_true", help="print compact JSON on one line")
     bench.add_argument(
@@ -58,7 +61,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--runs",
         type=int,
         default=5,
-        help="rollout / weights / memory / replay: timed runs (>= 5); tail: timed batches; "
+        help="rollout / weights / memory / replay / concurrency: timed runs (>= 5); tail: "
+        "timed batches; "
         "start: turns of cold, warm and uncached starts (>= 1)",
     )
     bench.add_argument(
@@ -77,7 +81,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     bench.add_argument(
         "--model-path",
         default=None,
-        help="rollout / weights / soak / memory / replay / tail / start / attention: HF model "
+        help="rollout / weights / soak / memory / replay / tail / start / attention / "
+        "concurrency: HF model "
         "dir (default: tiny model; replay: the Qwen3-MoE replica in bfloat16; start: the real "
         "checkpoint, SmolLM2-135M-Instruct; attention: both the built-in model and that one)",
     )
@@ -190,6 +195,10 @@ def _bench(args: argparse.Namespace) -> int:
         from sgl_jax_rollout_apps.bench import attention_bench
 
         result = attention_bench.run(model_dir=args.model_path)
+    elif args.target == "concurrency":
+        from sgl_jax_rollout_apps.bench import concurrency_bench
+
+        result = concurrency_bench.run(model_dir=args.model_path, runs=args.runs)
     elif args.target == "tail":
         from sgl_jax_rollout_apps.bench import tail
 

@@ -233,3 +233,16 @@ def test_a_sampled_pad_ends_the_completion_as_a_stop():
     np.testing.assert_array_equal(turn.routed_experts, routed[: 4 + 2 - 1])
     assert inputs.cut_at_pad(done, 5) is done and inputs.cut_at_pad(done, None) is done
     assert inputs.cut_at_pad(done, 7, keep=False).tokens == []
+
+
+def test_prompt_list_takes_a_bare_string_as_one_prompt_and_names_what_it_refuses():
+    """tunix 0.1.7's agentic learner passes one chat as a `str` (`agentic_rl_learner.py:455`);
+    `VanillaRollout` takes it as one prompt, and so do we."""
+    assert inputs.prompt_list("2 + 2 =") == ["2 + 2 ="]
+    assert inputs.prompt_list(np.asarray(["a", "b"])) == ["a", "b"]
+    with pytest.raises(ValueError, match="must not be empty"):
+        inputs.prompt_list([])
+    with pytest.raises(ValueError, match=r"not at index\(es\) \[1\]"):
+        inputs.prompt_list(["a", 3])
+    with pytest.raises(ValueError, match="list of strings, got int"):
+        inputs.prompt_list(7)

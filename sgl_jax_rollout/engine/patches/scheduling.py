@@ -15,7 +15,6 @@ from typing import Any
 
 from sgl_jax_rollout.engine import upstream
 from sgl_jax_rollout.engine.patches.hooks import (
-    IDLE_WAIT_MS,
     current,
     logger,
     wrap,
@@ -24,6 +23,10 @@ from sgl_jax_rollout.engine.patches.hooks import (
 # whole_calls: how long the scheduler waits for the rest of a call whose first requests arrived
 # (they are sent microseconds apart; the call itself stops the wait when it fails).
 CALL_ARRIVAL_WAIT_S = 1.0
+# ... and for a call sent from another thread, none of whose requests has arrived yet (they take
+# about a millisecond from the caller's thread to the scheduler; more while many threads call).
+CALL_TRANSIT_WAIT_S = 0.02
+CALL_POLL_S = 0.005  # how long one wait for them polls the scheduler's socket
 
 
 def install() -> None:
@@ -36,8 +39,9 @@ def install() -> None:
 
 
 def _whole_calls(original, self, *args, **kwargs):
-    """whole_calls: once part of a call's requests has arrived, receive until all of it has
-    (`arrivals.py`), so the call starts as one batch."""
+    """whole_calls: once part of a call's requests has arrived, receive until all of it has,
+    and until calls already sent from other threads have arrived too (`arrivals.py`), so calls
+    made together start as one batch."""
     received = original(self, *args, **kwargs)
     hooks = getattr(self, "_sgl_jax_rollout_hooks", None)
     if hooks is None:
@@ -45,7 +49,11 @@ def _whole_calls(original, self, *args, **kwargs):
     arrivals = hooks.arrivals
     arrivals.received(_rids(received))
     deadline = time.monotonic() + CALL_ARRIVAL_WAIT_S
-    while arrivals.incomplete() and not hooks.stop.is_set():
+
+    def waiting() -> bool:
+        return arrivals.incomplete() or bool(received) and arrivals.in_transit(CALL_TRANSIT_WAIT_S)
+
+    while waiting() and not hooks.stop.is_set():
         left = deadline - time.monotonic()
         if left <= 0:
             logger.warning(
@@ -54,7 +62,7 @@ def _whole_calls(original, self, *args, **kwargs):
                 CALL_ARRIVAL_WAIT_S,
             )
             break
-        if self.recv_from_tokenizer.poll(int(1e3 * min(left, IDLE_WAIT_MS / 1e3)) + 1):
+        if self.recv_from_tokenizer.poll(int(1e3 * min(left, CALL_POLL_S)) + 1):
             more = original(self, *args, **kwargs)
             arrivals.received(_rids(more))
             received = [*received, *more]

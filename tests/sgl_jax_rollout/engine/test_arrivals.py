@@ -33,3 +33,16 @@ def test_calls_are_tracked_apart_and_a_forgotten_call_is_not_waited_for():
     arrivals.received(["c1"])
     arrivals.forget(["c1", "c2"])
     assert not arrivals.incomplete()
+
+
+def test_a_call_sent_from_another_thread_is_in_transit_until_a_request_arrives():
+    arrivals = Arrivals()
+    assert not arrivals.in_transit(60.0)
+    arrivals.expect(["a1", "a2"])
+    assert arrivals.in_transit(60.0)
+    assert not arrivals.in_transit(0.0)  # sent longer ago than the wait: not waited for
+    arrivals.received(["a1"])
+    assert not arrivals.in_transit(60.0) and arrivals.incomplete()
+    arrivals.expect(["b1"])
+    arrivals.forget(["b1"])  # its submission failed before anything arrived
+    assert not arrivals.in_transit(60.0)

@@ -153,7 +153,8 @@ def test_group_watch_resolves_with_the_first_groups_whose_every_request_finished
     reqs = {rid: FakeReq(rid) for rid in ["a0", "a1", "b0", "b1", "c0", "c1"]}
     for rid in reqs:
         c.register(rid, spec())
-    future = c.watch_groups({rid: "abc".index(rid[0]) for rid in reqs}, need=2)
+    watch = c.watch_groups({rid: "abc".index(rid[0]) for rid in reqs}, need=2)
+    future = watch.future
 
     def finish(rid, reason=Reason):
         req = reqs[rid]
@@ -170,6 +171,33 @@ def test_group_watch_resolves_with_the_first_groups_whose_every_request_finished
     assert not future.done()
     finish("a1")
     assert future.result(timeout=0) == [2, 0]
-    c.unwatch()
+    c.unwatch(watch)
+    c.forget(reqs)
+    assert empty(c)
+
+
+def test_the_group_watches_of_two_calls_running_together_see_only_their_own_requests():
+    """Two calls (threads) watch their groups at once: each watch completes from its own
+    requests, judges with its own `accept`, and leaves nothing behind when unwatched."""
+    c = Collector()
+    reqs = {rid: FakeReq(rid) for rid in ["x0", "x1", "y0", "y1"]}
+    for rid in reqs:
+        c.register(rid, spec())
+    judged = []
+    first = c.watch_groups({"x0": 0, "x1": 1}, need=1)
+    second = c.watch_groups(
+        {"y0": 0, "y1": 1}, need=1, accept=lambda g, done: judged.append(g) or g == 1
+    )
+    with pytest.raises(ValueError, match="already watched"):
+        c.watch_groups({"x0": 5}, need=1)
+    for rid in ["y0", "x1", "y1"]:
+        reqs[rid].finished_reason = Reason()
+        step(c, [reqs[rid]], [7], [-0.5], [0.1])
+    assert first.future.result(timeout=0) == [1]
+    assert c.judge_groups(first) == []  # no accept: nothing to judge
+    assert c.judge_groups(second) == [1] and judged == [0, 1]
+    assert second.future.result(timeout=0) == [1]
+    for watch in (first, second):
+        c.unwatch(watch)
     c.forget(reqs)
     assert empty(c)

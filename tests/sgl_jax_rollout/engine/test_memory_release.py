@@ -7,7 +7,8 @@ they go too); while released, every call that needs the engine raises naming the
 a resume recompiles nothing, leaves the prefix cache empty and samples what the engine
 sampled before (same seeds: same tokens, logprobs within 1e-6); released weights come back
 only through `update_params`, and `generate` raises until then; a release waits for a
-running call, which completes whole; cycles leak nothing.
+running call, which completes whole, and calls arriving meanwhile wait for the release (with
+`resume_on_use`, the first of them resumes); cycles leak nothing.
 """
 
 from __future__ import annotations
@@ -134,30 +135,50 @@ def test_a_call_that_resumes_released_weights_serves_restore_and_peaks_as_planne
     assert_same_samples(before, engine_rollout.generate(PROMPTS, config()))
 
 
-def test_a_release_waits_for_the_running_call(engine_rollout):
+def test_a_release_waits_for_the_running_call_and_calls_arriving_meanwhile_wait_for_it(
+    engine_rollout,
+):
     import time
 
+    gate = engine_rollout.engine._gate
+    expected = engine_rollout.generate(PROMPTS, config())
+    results = {}
+
+    def run(name, fn):
+        def target():
+            try:
+                results[name] = fn()
+            except Exception as err:  # reported below
+                results[name] = err
+
+        thread = threading.Thread(target=target)
+        thread.start()
+        return thread
+
+    def wait_for(condition):
+        deadline = time.monotonic() + 30
+        while not condition() and time.monotonic() < deadline:
+            time.sleep(0.001)
+
     long = config(max_tokens_to_generate=120, seed=[3, 4])
-    result = {}
-
-    def call():
-        try:
-            result["out"] = engine_rollout.generate(PROMPTS, long, ignore_eos=True)
-        except Exception as err:  # reported below
-            result["error"] = err
-
-    thread = threading.Thread(target=call)
-    thread.start()
-    while (
-        not engine_rollout.engine._lock.locked() and thread.is_alive()
-    ):  # the call holds the engine
-        time.sleep(0.001)
-    freed = engine_rollout.release_memory()  # takes the engine after the call
-    thread.join()
-    engine_rollout.resume_memory()
-    assert "error" not in result, result
-    assert freed["kv_bytes"] > 0
-    assert [len(t) for t in result["out"].tokens] == [120, 120]
+    first = run("first", lambda: engine_rollout.generate(PROMPTS, long, ignore_eos=True))
+    wait_for(lambda: gate.serving_calls() == 1)  # the call runs in the engine
+    releasing = run("freed", lambda: engine_rollout.release_memory(resume_on_use=True))
+    wait_for(lambda: gate.waiting() == 1)  # the release waits for it
+    later = [run(i, lambda: engine_rollout.generate(PROMPTS, config())) for i in range(3)]
+    for thread in [first, releasing, *later]:
+        thread.join()
+    assert not isinstance(results["first"], Exception), results["first"]
+    assert [len(t) for t in results["first"].tokens] == [120, 120]
+    assert results["freed"]["kv_bytes"] > 0  # after the running call, before the later ones
+    for i in range(3):  # the first of them resumed the KV pool; all sampled as before
+        assert not isinstance(results[i], Exception), results[i]
+        for x, y in zip(expected.tokens, results[i].tokens, strict=True):
+            np.testing.assert_array_equal(x, y)
+        # together they ran in a larger batch bucket than alone: float32 rounding differs
+        for x, y in zip(expected.logprobs, results[i].logprobs, strict=True):
+            np.testing.assert_allclose(x, y, atol=1e-5, rtol=0)
+    assert not engine_rollout.engine.released
 
 
 def test_cycles_leak_nothing_and_compile_nothing(engine_rollout):
