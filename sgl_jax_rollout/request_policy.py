@@ -84,11 +84,13 @@ class RequestPolicy:
             self._logged = True
         return options, max_new, max_prompt
 
-    def check_session_prompt(self, prompt_length: int, max_new: int) -> None:
-        """A session prompt is never truncated: one that leaves no room raises."""
+    def check_session_prompt(
+        self, prompt_length: int, max_new: int, what: str = "the session prompt"
+    ) -> None:
+        """A session prompt (or `what`) is never truncated: one that leaves no room raises."""
         if prompt_length + max_new > self._context:
             raise ValueError(
-                f"the session prompt has {prompt_length} tokens; with "
+                f"{what} has {prompt_length} tokens; with "
                 f"max_tokens_to_generate={max_new} it exceeds the engine's context_length "
                 f"({self._context})"
             )
@@ -111,6 +113,21 @@ class RequestPolicy:
                 max_length,
             )
         return ids
+
+    def given_prompt_ids(self, rows: Any, max_new: int) -> list[list[int]]:
+        """Prompts given as token ids (token in), used as given: no BOS added, never truncated
+        (one that leaves no room for `max_new` tokens raises, as a session prompt does);
+        ValueError naming the row where one is not a non-empty list of ids."""
+        if not isinstance(rows, Sequence) or isinstance(rows, str) or not len(rows):
+            raise ValueError("prompt_ids must be a non-empty list of token id lists")
+        out = []
+        for i, row in enumerate(rows):
+            ids = np.asarray(row).tolist() if isinstance(row, np.ndarray) else row
+            if isinstance(ids, str) or not isinstance(ids, Sequence) or not len(ids):
+                raise ValueError(f"prompt_ids[{i}] must be a non-empty list of token ids")
+            self.check_session_prompt(len(ids), max_new, f"prompt_ids[{i}]")
+            out.append(list(ids))  # each id is checked against the vocabulary by the engine
+        return out
 
     def refuse_pad(self, rows: list[list[int]]) -> None:
         pad = self._tokenizer.pad_id()

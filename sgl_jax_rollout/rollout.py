@@ -110,6 +110,19 @@ class SglangJaxRollout(RolloutMemory, BaseRollout):
             self._policy, self._tokenizer, prompts, rollout_config, None, kwargs
         )[0]
 
+    def generate_from_ids(
+        self, prompt_ids: Sequence[Sequence[int]], rollout_config: RolloutConfig, **kwargs: Any
+    ) -> RolloutOutputWithEntropy:
+        """`generate` from prompts given as token ids (token in, token out: a multi-turn
+        episode's next prompt is its last prompt, the tokens sampled and the environment's
+        tokens, never its text encoded again). The ids are used as given: no BOS added, never
+        truncated (a prompt that leaves no room for `max_tokens_to_generate` in the engine's
+        context raises), the pad id refused; `left_padded_prompt_tokens` is as wide as the
+        longest prompt where that passes `max_prompt_length`."""
+        return rollout_call.sample_groups(
+            self._policy, self._tokenizer, None, rollout_config, None, kwargs, given_ids=prompt_ids
+        )[0]
+
     def generate_groups(
         self,
         prompts: list[str],

@@ -45,20 +45,27 @@ def prompt_ids(policy: RequestPolicy, prompts: list[str], max_length: int) -> li
 
 def prepare(
     policy: RequestPolicy,
-    prompts: list[str],
+    prompts: list[str] | None,
     rollout_config: RolloutConfig,
     overrides: dict[str, Any],
     max_tokens_per_sample: Sequence[int] | None,
     check: Callable[[SamplingOptions], None] | None = None,
+    given_ids: list[list[int]] | None = None,
 ) -> Call:
-    """`prompts`' call under `rollout_config` and the per-call `overrides`; `check` refuses
-    options the caller cannot serve, before anything else is read."""
+    """`prompts`' call under `rollout_config` and the per-call `overrides`, or with `given_ids`
+    (token in) the call of those prompt ids, used as given (`RequestPolicy.given_prompt_ids`;
+    the padded prompt width grows to the longest); `check` refuses options the caller cannot
+    serve, before anything else is read."""
     options, limit, max_prompt = policy.call(rollout_config, overrides)
     if check is not None:
         check(options)
-    limits = inputs.sample_limits(max_tokens_per_sample, len(prompts) * options.n, limit)
-    seeds = policy.seeds(rollout_config.seed, len(prompts), options.n)
-    ids = prompt_ids(policy, prompts, max_prompt)
+    if given_ids is None:
+        ids = prompt_ids(policy, prompts, max_prompt)
+    else:
+        ids = policy.given_prompt_ids(given_ids, limit)
+        max_prompt = max(max_prompt, *map(len, ids))
+    limits = inputs.sample_limits(max_tokens_per_sample, len(ids) * options.n, limit)
+    seeds = policy.seeds(rollout_config.seed, len(ids), options.n)
     policy.refuse_pad(ids)
     return Call(options, limit, max_prompt, ids, seeds, limits)
 
@@ -72,12 +79,15 @@ def sample_groups(
     overrides: dict[str, Any],
     max_tokens_per_sample: Sequence[int] | None = None,
     accept: Callable[[int, list[str]], bool] | None = None,
+    given_ids: list[list[int]] | None = None,
 ) -> tuple[RolloutOutputWithEntropy, list[int]]:
     """The output of every kept group's samples (all of them without `groups_needed`), and the
     kept groups' prompt indices, in prompt order. `accept(index, texts)` judges a finished
-    group (`tokenizer` decodes its texts)."""
+    group (`tokenizer` decodes its texts). With `given_ids`, `prompts` is None: the prompts
+    are those ids (`prepare`)."""
+    texts = None if given_ids is not None else inputs.prompt_list(prompts)
     call = prepare(
-        policy, inputs.prompt_list(prompts), rollout_config, overrides, max_tokens_per_sample
+        policy, texts, rollout_config, overrides, max_tokens_per_sample, given_ids=given_ids
     )
     n = call.options.n
     rows = [ids for ids in call.prompt_ids for _ in range(n)]

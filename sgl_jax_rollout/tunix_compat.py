@@ -67,6 +67,22 @@ SYMBOLS: dict[str, tuple[tuple[str, str], ...]] = {
     "left_pad": (("tunix.rl.agentic.utils", "left_pad"),),
     "right_pad": (("tunix.rl.agentic.utils", "right_pad"),),
     "TrajectoryItem": (("tunix.rl.agentic.agents.agent_types", "TrajectoryItem"),),
+    # the agentic learner (tunix_adapter/agentic.py)
+    "AgenticGRPOConfig": (("tunix.rl.agentic.agentic_grpo_learner", "GRPOConfig"),),
+    "AgenticGRPOLearner": (("tunix.rl.agentic.agentic_grpo_learner", "GRPOLearner"),),
+    "TaskEnvironment": (("tunix.rl.agentic.environments.task_environment", "TaskEnvironment"),),
+    "BaseTaskEnv": (("tunix.rl.agentic.environments.base_environment", "BaseTaskEnv"),),
+    "EnvStepResult": (("tunix.rl.agentic.environments.base_environment", "EnvStepResult"),),
+    "QwenChatTemplateParser": (
+        ("tunix.rl.agentic.parser.chat_template_parser.parser", "QwenChatTemplateParser"),
+    ),
+    "TrajectoryCollectEngine": (
+        ("tunix.rl.agentic.trajectory.trajectory_collect_engine", "TrajectoryCollectEngine"),
+    ),
+    "tokenize_and_generate_masks": (("tunix.rl.agentic.utils", "tokenize_and_generate_masks"),),
+    "get_recent_assistant_user_messages": (
+        ("tunix.rl.agentic.utils", "get_recent_assistant_user_messages"),
+    ),
     # the rollouts we compare with and benchmark against
     "VanillaRollout": (("tunix.rl.rollout.vanilla_rollout", "VanillaRollout"),),
     "TunixSglangJaxRollout": (("tunix.rl.rollout.sglang_jax_rollout", "SglangJaxRollout"),),
@@ -123,10 +139,21 @@ MEMBERS: dict[str, tuple[str, ...]] = {
     ),
     "VanillaRollout": ("generate", "_sampler"),
     "rl_utils": ("_is_same_state",),
+    "AgenticGRPOLearner": ("_model_call", "chat_parser", "tokenizer", "policy_version"),
+    "TaskEnvironment": ("_initial_observation", "task"),
+    "TrajectoryCollectEngine": ("_one_step",),
 }
 
 __all__ = sorted(
-    [*SYMBOLS, *MODULES, "check_all", "model_module", "per_token_logps_and_logits", "ppo_learner"]
+    [
+        *SYMBOLS,
+        *MODULES,
+        "agentic_keeps_full_turn",
+        "check_all",
+        "model_module",
+        "per_token_logps_and_logits",
+        "ppo_learner",
+    ]
 )
 _RESOLVED: dict[str, Any] = {}
 
@@ -289,6 +316,17 @@ def ppo_learner(rl_cluster: Any, config: Any, **kwargs: Any) -> Any:
     parameters = inspect.signature(learner.__init__).parameters
     name = "ppo_config" if "ppo_config" in parameters else "algo_config"
     return learner(rl_cluster=rl_cluster, **{name: config}, **kwargs)
+
+
+def agentic_keeps_full_turn() -> bool:
+    """Whether tunix's agentic learner records a turn whose completion fills the episode's
+    response budget. tunix 0.1.7 returns from `TrajectoryCollectEngine._one_step` before the
+    agent records it (`trajectory_collect_engine.py:535-537`: no tokens, no logprobs, the reward
+    scored on ""); tunix main skips only the environment step then (`if not
+    self._check_and_set_context_limit_reached():` around `env.step`)."""
+    engine = __getattr__("TrajectoryCollectEngine")
+    source = inspect.getsource(engine._one_step)
+    return "if not self._check_and_set_context_limit_reached()" in source
 
 
 def check_all(names: tuple[str, ...] | None = None) -> None:

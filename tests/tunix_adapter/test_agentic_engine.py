@@ -1,0 +1,161 @@
+"""tunix's agentic GRPO learner trains on our rollout (tunix 0.1.7 and tunix main: the tunix
+marker runs it in both): two-turn episodes from up to 4 concurrent threads, each turn after the
+first sampled token in, token out (`tunix_adapter.agentic`), every assistant token's rollout
+logprob equal to tunix's trainer logprob of the whole episode (<= 1e-4, float32), the
+environment's tokens masked, and the weights trained."""
+
+from __future__ import annotations
+
+import functools
+import threading
+
+import jax
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+pytestmark = [pytest.mark.engine, pytest.mark.tunix]
+
+MAX_RESPONSE = 64
+TURN_TOKENS = 12
+BATCH, STEPS, GENERATIONS = 4, 2, 2
+
+
+def two_turn_environment():
+    from sgl_jax_rollout import tunix_compat
+    from tunix_adapter.agentic import ScalarTaskEnvironment
+
+    class TwoTurns(ScalarTaskEnvironment):
+        """The arithmetic question, then one follow-up ("again?") before the episode ends."""
+
+        def __init__(self, single_example, **kwargs):
+            super().__init__(single_example, **kwargs)
+            self.max_steps = 2
+
+        def _step_impl(self, action):
+            first = self.step_count == 1
+            return tunix_compat.EnvStepResult(
+                observation="again?" if first else {}, reward=0.0, done=not first, info={}
+            )
+
+    return TwoTurns
+
+
+def test_agentic_grpo_trains_two_turn_episodes_token_in_token_out(tiny_dir):
+    from transformers import AutoTokenizer
+
+    from sgl_jax_rollout import tunix_compat as tc
+    from sgl_jax_rollout.rollout import SglangJaxRollout
+    from sgl_jax_rollout_apps.tasks import task
+    from tests.conftest import small_engine_settings
+    from tunix_adapter.agentic import serve_agentic
+    from tunix_adapter.models import load_tunix_model
+    from tunix_adapter.rewards import vowel_word_reward
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_dir)
+    mesh = jax.make_mesh((1, 1), ("fsdp", "tp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    cluster = tc.RLCluster(
+        actor=load_tunix_model(tiny_dir, mesh),
+        reference=load_tunix_model(tiny_dir, mesh),
+        tokenizer=tokenizer,
+        cluster_config=tc.ClusterConfig(
+            role_to_mesh={role: mesh for role in tc.Role},
+            rollout_engine=functools.partial(
+                SglangJaxRollout, model_path=tiny_dir, engine_settings=small_engine_settings()
+            ),
+            training_config=tc.RLTrainingConfig(
+                actor_optimizer=optax.adam(1e-3), eval_every_n_steps=10**9, max_steps=STEPS
+            ),
+            rollout_config=tc.RolloutConfig(
+                max_tokens_to_generate=MAX_RESPONSE,  # the learner asks for max_response_length
+                max_prompt_length=128,
+                temperature=1.0,
+                top_p=1.0,
+                top_k=None,
+                seed=5,
+                return_logprobs=True,
+                kv_cache_size=256,
+            ),
+        ),
+    )
+    arithmetic = task("arithmetic")
+    problems = arithmetic.problems(BATCH * STEPS, seed=0)
+    dataset = [
+        {
+            "prompts": np.array([p.question for p in part]),
+            "answer": np.array([p.answer for p in part]),
+        }
+        for part in (problems[i : i + BATCH] for i in range(0, len(problems), BATCH))
+    ]
+    learner = tc.AgenticGRPOLearner(
+        cluster,  # `rl_cluster` under 0.1.7, `rl_engine` under tunix main
+        algo_config=tc.AgenticGRPOConfig(
+            system_prompt=arithmetic.system,
+            num_generations=GENERATIONS,
+            max_response_length=MAX_RESPONSE,
+            max_concurrency=4,
+            beta=0.04,
+        ),
+        # the random tiny model never sums right: a dense toy reward gives groups variance
+        reward_fns=[arithmetic.reward_fn("chat"), vowel_word_reward],
+        chat_parser=tc.QwenChatTemplateParser(tokenizer),
+        env_class=two_turn_environment(),
+    )
+    model_call = serve_agentic(learner, cluster, turn_tokens=TURN_TOKENS)
+
+    rollout = cluster.rollout
+    running, most = [0], [0]
+    lock = threading.Lock()
+
+    def counted(method):
+        def call(*args, **kwargs):
+            with lock:
+                running[0] += 1
+                most[0] = max(most[0], running[0])
+            try:
+                return method(*args, **kwargs)
+            finally:
+                with lock:
+                    running[0] -= 1
+
+        return call
+
+    rollout.generate = counted(rollout.generate)
+    rollout.generate_from_ids = counted(rollout.generate_from_ids)
+    examples = []
+    process = learner._process_results
+
+    def keeping(*args, **kwargs):
+        out = process(*args, **kwargs)
+        for example in out:  # scored under the weights that sampled it (no off-policy steps)
+            trainer = cluster.get_actor_per_token_logps(
+                prompt_tokens=example.prompt_ids,
+                completion_tokens=example.completion_ids,
+                pad_id=rollout.pad_id(),
+                eos_id=rollout.eos_id(),
+            )
+            examples.append((example, np.asarray(trainer, np.float32)))
+        return out
+
+    learner._process_results = keeping
+    before = [np.array(x) for x in jax.tree.leaves(nnx.state(cluster.actor_trainer.model))]
+    try:
+        learner.train(dataset)
+        after = [np.array(x) for x in jax.tree.leaves(nnx.state(cluster.actor_trainer.model))]
+    finally:
+        rollout.shutdown()
+    assert most[0] > 1 and model_call.token_in
+    assert len(examples) == BATCH * STEPS
+    assert any(not np.array_equal(a, b) for a, b in zip(before, after, strict=True))
+    two_turns = 0
+    for example, trainer in examples:
+        mask = np.asarray(example.completion_mask).astype(bool)
+        for row in range(mask.shape[0]):
+            turns = np.flatnonzero(np.diff(mask[row].astype(int)) == 1).size + int(mask[row, 0])
+            two_turns += turns == 2  # two assistant turns, the environment's tokens between
+            rollout_logps = np.asarray(example.old_per_token_logps, np.float32)[row]
+            np.testing.assert_allclose(
+                rollout_logps[mask[row]], trainer[row][mask[row]], atol=1e-4, rtol=0
+            )
+    assert two_turns >= BATCH * STEPS  # most episodes of both steps had their second turn

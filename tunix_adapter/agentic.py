@@ -1,0 +1,162 @@
+"""tunix's agentic learner (`AgenticGRPOLearner`, `tunix/rl/agentic/`) on our rollout.
+
+Owns `serve_agentic`, which puts `AgenticModelCall` in place of a built learner's model call,
+and `ScalarTaskEnvironment` (tunix's single-turn environment, its fields unwrapped). tunix's
+orchestrator runs up to `max_concurrency` episodes at once, each calling the model with one
+chat at a time from a thread pool; our engine batches those calls (`engine.call_gate`). What
+the model call changes, each for a named tunix fault:
+
+- **Token in, token out** (`token_in=True`, the default). tunix trains an episode as its first
+  prompt's ids, then each turn's sampled tokens and the environment's messages tokenized by
+  its chat parser (`trajectory_collect_engine.py:606-624` at 0.1.7), but asks the model for
+  the next turn with the whole chat rendered to text again (`agentic_rl_learner.py:438-443`),
+  which the rollout encodes anew: where the sampled tokens are not what their text encodes
+  to, the engine conditioned on another sequence than the trainer scores (0.13 nats at worst
+  on the built-in model). Here every turn after the first is sampled from the ids tunix will
+  train on: the last prompt, the tokens sampled, and the environment's tokens made by the
+  same `tokenize_and_generate_masks` call tunix makes (`SglangJaxRollout.generate_from_ids`).
+- **Seeds per episode.** Every call is one prompt, so an int `RolloutConfig.seed` would give
+  every call the same stream (row 0), and every member of a GRPO group the same completion:
+  each call gets its own seed, derived from (seed, group id, pair index, turn). `None` keeps
+  fresh seeds.
+- **A turn that fills the response budget** is dropped by tunix 0.1.7 before the agent records
+  it (`trajectory_collect_engine.py:535-537`: no tokens, no logprobs, the reward scored on "";
+  tunix main keeps it): under 0.1.7 each call asks for one token less than the budget left
+  (`tunix_compat.agentic_keeps_full_turn`).
+
+It calls the rollout itself, as tunix's `_model_call` calls `rl_cluster.generate`
+(`agentic_rl_learner.py:428-462`), and stamps `env.task["policy_version"]` as it does; not
+through the cluster, so tunix's rollout perf spans and its CPU offload of the rollout model
+(`offload_to_cpu`) are not applied. Must not change what tunix trains: only what the engine is
+asked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import weakref
+from typing import Any
+
+import numpy as np
+
+from sgl_jax_rollout import tunix_compat
+from sgl_jax_rollout.rollout_inputs import MAX_SEED, prompt_rows
+
+
+@dataclasses.dataclass
+class _Episode:
+    ids: list[int]  # what the episode's next turn extends: last prompt + its sampled tokens
+    turns: int
+
+
+class AgenticModelCall:
+    """A learner's model call (`_model_call(chat_lists, env, max_generation_steps)`) on our
+    rollout; `serve_agentic` installs it. `turn_tokens`: at most this many new tokens a turn
+    (default: what is left of the episode's `max_response_length`, tunix's only limit)."""
+
+    def __init__(
+        self, learner: Any, cluster: Any, token_in: bool = True, turn_tokens: int | None = None
+    ) -> None:
+        if turn_tokens is not None and (
+            isinstance(turn_tokens, bool) or not isinstance(turn_tokens, int) or turn_tokens < 1
+        ):
+            raise ValueError(f"turn_tokens must be None or an integer >= 1, got {turn_tokens!r}")
+        if learner.chat_parser is None:
+            raise ValueError(
+                "the agentic learner needs a chat_parser (e.g. QwenChatTemplateParser): without "
+                "one tunix records no assistant tokens (trajectory_collect_engine.py:611)"
+            )
+        self._learner = learner
+        self._cluster = cluster
+        self.token_in = token_in
+        self.turn_tokens = turn_tokens
+        self._keeps_full_turn = tunix_compat.agentic_keeps_full_turn()
+        self._episodes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()  # episodes are looked up from many threads
+
+    def __call__(
+        self, chat_lists: list[dict[str, str]], env: Any = None, max_generation_steps: Any = None
+    ) -> Any:
+        learner = self._learner
+        if env is not None:  # as tunix's own model call does (agentic_rl_learner.py:435)
+            env.task["policy_version"] = learner.policy_version
+        config = self._cluster.get_rollout_config(tunix_compat.Mode.TRAIN)
+        limit = max_generation_steps or config.max_tokens_to_generate
+        if not self._keeps_full_turn and limit > 1:
+            limit -= 1
+        limit = min(limit, self.turn_tokens or limit)
+        episode = self._episode(env)
+        config = dataclasses.replace(
+            config, max_tokens_to_generate=limit, seed=_call_seed(config.seed, env, episode.turns)
+        )
+        rollout = self._cluster.rollout
+        if self.token_in and episode.ids:
+            _, env_messages = tunix_compat.get_recent_assistant_user_messages(chat_lists)
+            env_ids, _ = tunix_compat.tokenize_and_generate_masks(
+                env_messages,
+                tokenizer=learner.tokenizer,
+                parser=learner.chat_parser,
+                contains_first_msg=False,
+                contains_generation_msg=True,
+            )
+            prompt = episode.ids + [int(t) for t in env_ids]
+            out = rollout.generate_from_ids([prompt], config)
+        else:
+            text = learner.chat_parser.parse(
+                messages=chat_lists, add_generation_prompt=True, is_first_msg=True
+            )
+            out = rollout.generate([text], config)
+            prompt = prompt_rows(out.left_padded_prompt_tokens, rollout.pad_id())[0]
+        episode.ids = prompt + np.asarray(out.tokens[0]).tolist()
+        episode.turns += 1
+        return out
+
+    def _episode(self, env: Any) -> _Episode:
+        if env is None:
+            return _Episode([], 0)
+        with self._lock:
+            return self._episodes.setdefault(env, _Episode([], 0))
+
+
+def serve_agentic(
+    learner: Any, cluster: Any, token_in: bool = True, turn_tokens: int | None = None
+) -> AgenticModelCall:
+    """Makes `learner` (tunix's `AgenticGRPOLearner`, built on `cluster` whose rollout is our
+    `SglangJaxRollout`) call our rollout through `AgenticModelCall`; call it before `train`."""
+    model_call = AgenticModelCall(learner, cluster, token_in, turn_tokens)
+    learner._model_call = model_call
+    return model_call
+
+
+def _call_seed(seed: Any, env: Any, turn: int) -> list[int] | None:
+    """One call's seed: None stays None (fresh seeds); an int gives each (group, pair, turn)
+    its own, the same in every run."""
+    if seed is None:
+        return None
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer):
+        raise ValueError(
+            f"the agentic learner's RolloutConfig.seed must be None or an int, got {seed!r}"
+        )
+    extra = getattr(env, "extra_kwargs", {}) if env is not None else {}
+    words = [int(seed), int(extra.get("group_id", 0)), int(extra.get("pair_index", 0)), turn]
+    return [int(np.random.SeedSequence(words).generate_state(1, np.uint64)[0]) % MAX_SEED]
+
+
+def _scalar(value: Any) -> Any:
+    """One example's field as tunix's learner hands it to an environment, as a value."""
+    if isinstance(value, np.ndarray) and value.shape == (1,):
+        return value[0].item() if hasattr(value[0], "item") else value[0]
+    return value
+
+
+class ScalarTaskEnvironment(tunix_compat.TaskEnvironment):
+    """tunix's `TaskEnvironment` whose first observation holds the example's fields as values.
+
+    tunix's learner hands each field as a one-element array (`agentic_rl_learner.py:393`,
+    `np.array(micro_batch_list_slice)`), and its agents put the observation's `prompts` /
+    `question` in the user message as it is (`base_agent.py:173`): the model was asked
+    "['17 + 13 =']"."""
+
+    def _initial_observation(self) -> dict[str, Any]:
+        return {key: _scalar(value) for key, value in self.task.items()}
