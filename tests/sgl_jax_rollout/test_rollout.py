@@ -497,3 +497,27 @@ def test_a_sampled_pad_ends_the_sample_so_the_trainer_scores_every_token(rollout
         k = comparable(tokens, pad)
         assert len(tokens) == len(logprobs) and k >= len(tokens) - 1
         np.testing.assert_allclose(logprobs[:k], reference[i, :k], atol=1e-4)
+
+
+def test_generate_from_ids_samples_what_generate_samples_for_those_ids(rollout):
+    """Token in: the ids `generate` sent, given back as ids, sample the same completions (same
+    seeds); a prompt with no room left in the context, the pad id or no ids is refused by name
+    before the engine."""
+    from sgl_jax_rollout.rollout_inputs import prompt_rows
+
+    rc = config(max_tokens_to_generate=8)
+    out = rollout.generate(PROMPTS[:2], rc)
+    ids = prompt_rows(out.left_padded_prompt_tokens, rollout.pad_id())
+    again = rollout.generate_from_ids(ids, rc)
+    np.testing.assert_array_equal(again.left_padded_prompt_tokens, out.left_padded_prompt_tokens)
+    for a, b, la, lb in zip(again.tokens, out.tokens, again.logprobs, out.logprobs, strict=True):
+        assert a.tolist() == b.tolist()
+        np.testing.assert_allclose(la, lb, atol=1e-6, rtol=0)
+    context = rollout.engine.settings.context_length
+    long = ids[0] * (context // len(ids[0]) + 1)  # never cut: refused past the context
+    with pytest.raises(ValueError, match=r"prompt_ids\[0\] has \d+ tokens; with"):
+        rollout.generate_from_ids([long], rc)
+    with pytest.raises(ValueError, match="pad id"):
+        rollout.generate_from_ids([[*ids[0], rollout.pad_id()]], rc)
+    with pytest.raises(ValueError, match=r"prompt_ids\[1\] must be a non-empty list"):
+        rollout.generate_from_ids([ids[0], []], rc)

@@ -1,0 +1,47 @@
+"""tunix_adapter.agentic without the engine: each agentic call's seed (distinct per group, pair
+and turn, the same in every run), the model call's refusals, and the one-element fields tunix
+hands an environment unwrapped. (Trained end to end: test_agentic_engine.py.)"""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+
+from tunix_adapter.agentic import AgenticModelCall, ScalarTaskEnvironment, _call_seed
+
+
+def env(group: int, pair: int):
+    return types.SimpleNamespace(extra_kwargs={"group_id": group, "pair_index": pair})
+
+
+def test_each_group_pair_and_turn_gets_its_own_seed_the_same_every_run():
+    seeds = {
+        (g, p, t): _call_seed(7, env(g, p), t)[0]
+        for g in range(3)
+        for p in range(2)
+        for t in range(2)
+    }
+    assert len(set(seeds.values())) == len(seeds)  # no two calls share a stream
+    assert _call_seed(7, env(1, 1), 1) == [seeds[1, 1, 1]]
+    assert _call_seed(8, env(1, 1), 1) != [seeds[1, 1, 1]]
+    assert _call_seed(None, env(0, 0), 0) is None  # fresh seeds stay fresh
+    with pytest.raises(ValueError, match="seed must be None or an int"):
+        _call_seed([1, 2], env(0, 0), 0)
+
+
+def test_the_model_call_refuses_a_learner_without_chat_parser_and_a_bad_turn_limit():
+    learner = types.SimpleNamespace(chat_parser=None)
+    with pytest.raises(ValueError, match="needs a chat_parser"):
+        AgenticModelCall(learner, cluster=None)
+    with pytest.raises(ValueError, match="turn_tokens must be None or an integer >= 1, got 0"):
+        AgenticModelCall(types.SimpleNamespace(chat_parser=object()), None, turn_tokens=0)
+
+
+def test_scalar_task_environment_unwraps_the_fields_tunix_hands_as_one_element_arrays():
+    environment = ScalarTaskEnvironment(
+        {"prompts": np.array(["17 + 13 ="]), "answer": np.array([30]), "k": [1, 2]}
+    )
+    observation, _ = environment.reset()
+    assert observation == {"prompts": "17 + 13 =", "answer": 30, "k": [1, 2]}
