@@ -19,16 +19,24 @@ the model call changes, each for a named tunix fault:
   every call the same stream (row 0), and every member of a GRPO group the same completion:
   each call gets its own seed, derived from (seed, group id, pair index, turn). `None` keeps
   fresh seeds.
+- **A sampled pad ends the turn before it.** The rollout ends a completion at a sampled pad id
+  and keeps it as its last token (tunix's trainer reads it as padding); an episode's next
+  prompt must not hold it, so a turn's output here ends before it, as a session's turn does.
 - **A turn that fills the response budget** is dropped by tunix 0.1.7 before the agent records
   it (`trajectory_collect_engine.py:535-537`: no tokens, no logprobs, the reward scored on "";
   tunix main keeps it): under 0.1.7 each call asks for one token less than the budget left
   (`tunix_compat.agentic_keeps_full_turn`).
 
+- **The version that sampled.** tunix stamps an episode with the learner's policy version when
+  its model call starts (`agentic_rl_learner.py:435`); a call that arrives while weights sync
+  waits for the sync (`engine.call_gate`) and samples under the new weights. Here the stamp is
+  the version that sampled, in the learner's numbering, the oldest of the episode's turns: what
+  its staleness filter (`_filter_outdated_offpolicy_examples`) and metrics should read.
+
 It calls the rollout itself, as tunix's `_model_call` calls `rl_cluster.generate`
-(`agentic_rl_learner.py:428-462`), and stamps `env.task["policy_version"]` as it does; not
-through the cluster, so tunix's rollout perf spans and its CPU offload of the rollout model
-(`offload_to_cpu`) are not applied. Must not change what tunix trains: only what the engine is
-asked.
+(`agentic_rl_learner.py:428-462`); not through the cluster, so tunix's rollout perf spans and
+its CPU offload of the rollout model (`offload_to_cpu`) are not applied. Must not change what
+tunix trains: only what the engine is asked, and the version stamp.
 """
 
 from __future__ import annotations
@@ -46,8 +54,9 @@ from sgl_jax_rollout.rollout_inputs import MAX_SEED, prompt_rows
 
 @dataclasses.dataclass
 class _Episode:
-    ids: list[int]  # what the episode's next turn extends: last prompt + its sampled tokens
-    turns: int
+    ids: list[int] = dataclasses.field(default_factory=list)  # last prompt + tokens sampled
+    turns: int = 0
+    oldest_version: int | None = None  # the learner's numbering
 
 
 class AgenticModelCall:
@@ -72,6 +81,8 @@ class AgenticModelCall:
         self.token_in = token_in
         self.turn_tokens = turn_tokens
         self._keeps_full_turn = tunix_compat.agentic_keeps_full_turn()
+        # engine weight version - learner policy version (the rollout's own start counts one)
+        self._version_offset = cluster.rollout.policy_version - learner.policy_version
         self._episodes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()  # episodes are looked up from many threads
 
@@ -79,8 +90,6 @@ class AgenticModelCall:
         self, chat_lists: list[dict[str, str]], env: Any = None, max_generation_steps: Any = None
     ) -> Any:
         learner = self._learner
-        if env is not None:  # as tunix's own model call does (agentic_rl_learner.py:435)
-            env.task["policy_version"] = learner.policy_version
         config = self._cluster.get_rollout_config(tunix_compat.Mode.TRAIN)
         limit = max_generation_steps or config.max_tokens_to_generate
         if not self._keeps_full_turn and limit > 1:
@@ -108,15 +117,23 @@ class AgenticModelCall:
             )
             out = rollout.generate([text], config)
             prompt = prompt_rows(out.left_padded_prompt_tokens, rollout.pad_id())[0]
+        out = _ended_before_pad(out, rollout.pad_id())
         episode.ids = prompt + np.asarray(out.tokens[0]).tolist()
         episode.turns += 1
+        if env is not None:
+            sampled = int(rollout.policy_version) - self._version_offset
+            if len(out.tokens[0]):
+                sampled = int(out.versions[0][0]) - self._version_offset
+            oldest = episode.oldest_version
+            episode.oldest_version = sampled if oldest is None else min(oldest, sampled)
+            env.task["policy_version"] = episode.oldest_version
         return out
 
     def _episode(self, env: Any) -> _Episode:
         if env is None:
-            return _Episode([], 0)
+            return _Episode()
         with self._lock:
-            return self._episodes.setdefault(env, _Episode([], 0))
+            return self._episodes.setdefault(env, _Episode())
 
 
 def serve_agentic(
@@ -127,6 +144,21 @@ def serve_agentic(
     model_call = AgenticModelCall(learner, cluster, token_in, turn_tokens)
     learner._model_call = model_call
     return model_call
+
+
+def _ended_before_pad(out: Any, pad: int) -> Any:
+    """A one-row rollout output whose completion ended at a sampled pad id (its last token),
+    ended before it: every per-token field loses its last entry (the text holds no pad)."""
+    tokens = np.asarray(out.tokens[0])
+    if not len(tokens) or int(tokens[-1]) != pad:
+        return out
+    fields = ("tokens", "logprobs", "entropy", "versions", "routed_experts")
+    cut = {
+        name: [np.asarray(getattr(out, name)[0])[:-1]]
+        for name in fields
+        if getattr(out, name, None) is not None
+    }
+    return dataclasses.replace(out, **cut)
 
 
 def _call_seed(seed: Any, env: Any, turn: int) -> list[int] | None:

@@ -45,3 +45,26 @@ def test_scalar_task_environment_unwraps_the_fields_tunix_hands_as_one_element_a
     )
     observation, _ = environment.reset()
     assert observation == {"prompts": "17 + 13 =", "answer": 30, "k": [1, 2]}
+
+
+def test_a_turn_that_sampled_the_pad_id_ends_before_it():
+    from sgl_jax_rollout.rollout_output import RolloutOutputWithEntropy
+    from tunix_adapter.agentic import _ended_before_pad
+
+    def output(tokens):
+        n = len(tokens)
+        return RolloutOutputWithEntropy(
+            text=["ab"],
+            logits=None,
+            tokens=[np.asarray(tokens)],
+            left_padded_prompt_tokens=np.asarray([[0, 5, 6]]),
+            logprobs=[np.arange(n, dtype=np.float32)],
+            entropy=[np.ones(n, np.float32)],
+            versions=[np.full(n, 3)],
+        )
+
+    ended = _ended_before_pad(output([7, 8, 0]), pad=0)
+    assert ended.tokens[0].tolist() == [7, 8] and ended.logprobs[0].tolist() == [0.0, 1.0]
+    assert len(ended.entropy[0]) == len(ended.versions[0]) == 2 and ended.text == ["ab"]
+    same = output([7, 0, 8])  # a pad inside is no sampled stop: left as it is
+    assert _ended_before_pad(same, pad=0) is same

@@ -2,7 +2,9 @@
 marker runs it in both): two-turn episodes from up to 4 concurrent threads, each turn after the
 first sampled token in, token out (`tunix_adapter.agentic`), every assistant token's rollout
 logprob equal to tunix's trainer logprob of the whole episode (<= 1e-4, float32), the
-environment's tokens masked, and the weights trained."""
+environment's tokens masked, and the weights trained. With `off_policy_steps` 1 the producer
+runs a batch ahead of the trainer: each episode's policy version is the one that sampled it,
+at most one behind."""
 
 from __future__ import annotations
 
@@ -42,7 +44,8 @@ def two_turn_environment():
     return TwoTurns
 
 
-def test_agentic_grpo_trains_two_turn_episodes_token_in_token_out(tiny_dir):
+@pytest.mark.parametrize("off_policy_steps", [0, 1])
+def test_agentic_grpo_trains_two_turn_episodes_token_in_token_out(tiny_dir, off_policy_steps):
     from transformers import AutoTokenizer
 
     from sgl_jax_rollout import tunix_compat as tc
@@ -96,6 +99,7 @@ def test_agentic_grpo_trains_two_turn_episodes_token_in_token_out(tiny_dir):
             max_response_length=MAX_RESPONSE,
             max_concurrency=4,
             beta=0.04,
+            off_policy_steps=off_policy_steps,
         ),
         # the random tiny model never sums right: a dense toy reward gives groups variance
         reward_fns=[arithmetic.reward_fn("chat"), vowel_word_reward],
@@ -128,14 +132,16 @@ def test_agentic_grpo_trains_two_turn_episodes_token_in_token_out(tiny_dir):
 
     def keeping(*args, **kwargs):
         out = process(*args, **kwargs)
-        for example in out:  # scored under the weights that sampled it (no off-policy steps)
-            trainer = cluster.get_actor_per_token_logps(
-                prompt_tokens=example.prompt_ids,
-                completion_tokens=example.completion_ids,
-                pad_id=rollout.pad_id(),
-                eos_id=rollout.eos_id(),
-            )
-            examples.append((example, np.asarray(trainer, np.float32)))
+        for example in out:
+            trainer = None
+            if not off_policy_steps:  # the actor holds the weights that sampled it
+                trainer = cluster.get_actor_per_token_logps(
+                    prompt_tokens=example.prompt_ids,
+                    completion_tokens=example.completion_ids,
+                    pad_id=rollout.pad_id(),
+                    eos_id=rollout.eos_id(),
+                )
+            examples.append((example, np.asarray(trainer, np.float32), learner.policy_version))
         return out
 
     learner._process_results = keeping
@@ -149,7 +155,12 @@ def test_agentic_grpo_trains_two_turn_episodes_token_in_token_out(tiny_dir):
     assert len(examples) == BATCH * STEPS
     assert any(not np.array_equal(a, b) for a, b in zip(before, after, strict=True))
     two_turns = 0
-    for example, trainer in examples:
+    for example, trainer, anchor in examples:
+        versions = np.asarray(example.policy_version)
+        assert ((anchor - off_policy_steps <= versions) & (versions <= anchor)).all()
+        if off_policy_steps:
+            continue  # the actor trains meanwhile: its logprobs are not the sampling policy's
+        assert (versions == anchor).all()
         mask = np.asarray(example.completion_mask).astype(bool)
         for row in range(mask.shape[0]):
             turns = np.flatnonzero(np.diff(mask[row].astype(int)) == 1).size + int(mask[row, 0])
@@ -158,4 +169,5 @@ def test_agentic_grpo_trains_two_turn_episodes_token_in_token_out(tiny_dir):
             np.testing.assert_allclose(
                 rollout_logps[mask[row]], trainer[row][mask[row]], atol=1e-4, rtol=0
             )
-    assert two_turns >= BATCH * STEPS  # most episodes of both steps had their second turn
+    if not off_policy_steps:
+        assert two_turns >= BATCH * STEPS  # most episodes of both steps had their second turn
