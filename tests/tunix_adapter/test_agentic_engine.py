@@ -22,6 +22,7 @@ pytestmark = [pytest.mark.engine, pytest.mark.tunix]
 MAX_RESPONSE = 64
 TURN_TOKENS = 12
 BATCH, STEPS, GENERATIONS = 4, 2, 2
+TRAIN_TIMEOUT_S = 300  # it takes about 15 s
 
 
 def two_turn_environment():
@@ -146,8 +147,21 @@ def test_agentic_grpo_trains_two_turn_episodes_token_in_token_out(tiny_dir, off_
 
     learner._process_results = keeping
     before = [np.array(x) for x in jax.tree.leaves(nnx.state(cluster.actor_trainer.model))]
+    outcome: dict = {}
+
+    def train():
+        try:
+            learner.train(dataset)
+        except BaseException as err:  # reported below
+            outcome["error"] = err
+
+    training = threading.Thread(target=train, daemon=True)
+    training.start()
+    training.join(TRAIN_TIMEOUT_S)  # a hang in tunix's producer fails the test, not the run
     try:
-        learner.train(dataset)
+        assert not training.is_alive(), f"train() did not return within {TRAIN_TIMEOUT_S} s"
+        if "error" in outcome:
+            raise outcome["error"]
         after = [np.array(x) for x in jax.tree.leaves(nnx.state(cluster.actor_trainer.model))]
     finally:
         rollout.shutdown()
