@@ -44,7 +44,7 @@ from tunix_adapter.memory_release import RELEASES, release_for_update
 from tunix_adapter.process_batch import global_batch, local_rows
 
 # Per-sample fields of `RolloutOutputWithEntropy` that tunix's merge does not know.
-OUR_ROW_FIELDS = ("entropy", "routed_experts", "prompt_routed_experts")
+OUR_ROW_FIELDS = ("entropy", "routed_experts", "prompt_routed_experts", "versions")
 
 
 class RolloutCluster(RLCluster):
