@@ -8,10 +8,10 @@ named in one RuntimeError. Also `PrefillCounts` and `reported_input_id`.
 
 Calls from many threads run at once: each is admitted by the engine's `CallGate` as a serving
 call of its sampler output mode, and its requests join the engine's running batch beside
-other calls' (continuous batching across calls). Everything a call needs beyond the shared
-stores (its request ids, its group watch, why it was aborted) is its own `_CallState`; the
-collector's stores are keyed by request id. Must not change weights or memory (it only asks
-`check_serving`).
+other calls' (continuous batching across calls). What a call needs beyond the collector's
+stores, which are keyed by request id, is its own: its request ids and group watch are the
+call's locals, why it was aborted its `_CallState` (which `abort` reaches). Must not change
+weights or memory (it only asks `check_serving`).
 """
 
 from __future__ import annotations
