@@ -22,6 +22,7 @@ from sgl_jax_rollout.rollout_inputs import right_pad_ids
 from sgl_jax_rollout.tunix_compat import RolloutConfig
 from tests.conftest import LISTED_SAMPLER_MODE
 from tests.conftest import perturbed as perturbed_state
+from tunix_adapter.scoring import before_pad
 
 pytestmark = pytest.mark.engine
 
@@ -97,11 +98,6 @@ def trainer_scores(trainer, rollout, outs) -> np.ndarray:
         1.0,
     )[0]
     return np.asarray(logps)[: len(outs)]
-
-
-def before_pad(tokens, pad: int) -> int:
-    hits = np.flatnonzero(np.asarray(tokens) == pad)
-    return int(hits[0]) if hits.size else len(tokens)
 
 
 def test_sixteen_concurrent_calls_return_what_each_returns_alone(rollout, trainer):
