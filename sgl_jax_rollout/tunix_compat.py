@@ -71,6 +71,10 @@ SYMBOLS: dict[str, tuple[tuple[str, str], ...]] = {
     "AgenticGRPOConfig": (("tunix.rl.agentic.agentic_grpo_learner", "GRPOConfig"),),
     "AgenticGRPOLearner": (("tunix.rl.agentic.agentic_grpo_learner", "GRPOLearner"),),
     "TaskEnvironment": (("tunix.rl.agentic.environments.task_environment", "TaskEnvironment"),),
+    "ToolEnvironment": (("tunix.rl.agentic.environments.tool_environment", "ToolEnvironment"),),
+    "ToolAgent": (("tunix.rl.agentic.agents.tool_agent", "ToolAgent"),),
+    "CalculatorTool": (("tunix.rl.agentic.tools.calculator_tool", "CalculatorTool"),),
+    "ToolCall": (("tunix.rl.agentic.tools.base_tool", "ToolCall"),),
     "BaseTaskEnv": (("tunix.rl.agentic.environments.base_environment", "BaseTaskEnv"),),
     "EnvStepResult": (("tunix.rl.agentic.environments.base_environment", "EnvStepResult"),),
     "QwenChatTemplateParser": (
@@ -141,6 +145,8 @@ MEMBERS: dict[str, tuple[str, ...]] = {
     "rl_utils": ("_is_same_state",),
     "AgenticGRPOLearner": ("_model_call", "chat_parser", "tokenizer", "policy_version"),
     "TaskEnvironment": ("_initial_observation", "task"),
+    "ToolEnvironment": ("_initial_observation", "task"),
+    "ToolAgent": ("update_from_model", "tool_parser"),
     "TrajectoryCollectEngine": ("_one_step",),
 }
 

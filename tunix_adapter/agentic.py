@@ -1,7 +1,10 @@
 """tunix's agentic learner (`AgenticGRPOLearner`, `tunix/rl/agentic/`) on our rollout.
 
 Owns `serve_agentic`, which puts `AgenticModelCall` in place of a built learner's model call,
-and `ScalarTaskEnvironment` (tunix's single-turn environment, its fields unwrapped). tunix's
+and `ScalarTaskEnvironment` / `ScalarToolEnvironment` (tunix's single-turn and tool-calling
+environments, their fields unwrapped). With `ToolAgent` and `ScalarToolEnvironment` an episode
+is multi-turn: a tool's output comes back as a `tool` message, which tunix trains as prompt
+tokens (masked) and the next turn here is sampled from, token in. tunix's
 orchestrator runs up to `max_concurrency` episodes at once, each calling the model with one
 chat at a time from a thread pool; our engine batches those calls (`engine.call_gate`). What
 the model call changes, each for a named tunix fault:
@@ -192,3 +195,21 @@ class ScalarTaskEnvironment(tunix_compat.TaskEnvironment):
 
     def _initial_observation(self) -> dict[str, Any]:
         return {key: _scalar(value) for key, value in self.task.items()}
+
+
+class ScalarToolEnvironment(tunix_compat.ToolEnvironment):
+    """tunix's `ToolEnvironment` (tool calls run, the final answer scored by its `reward_fn(task,
+    action)`), its task's fields as values: in the first observation, which `ToolAgent` reads
+    its question from (`tool_agent.py:93`), and in the task its `reward_fn` scores against
+    (the same one-element arrays as `ScalarTaskEnvironment`'s)."""
+
+    def __init__(self, task: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        task = {key: _scalar(value) for key, value in (task or {}).items()}
+        super().__init__(task, **kwargs)
+
+    def _initial_observation(self) -> dict[str, Any]:
+        """The task, with its `prompts` as the `question` where it has none: tunix's learner
+        needs a `prompts` column (`agentic_grpo_learner.py:517` at 0.1.7) and `ToolAgent`
+        asks only a `question` (`tool_agent.py:93`; without one the episode has no user
+        message)."""
+        return {"question": self.task.get("prompts"), **self.task}

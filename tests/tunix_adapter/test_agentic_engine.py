@@ -2,9 +2,13 @@
 marker runs it in both): two-turn episodes from up to 4 concurrent threads, each turn after the
 first sampled token in, token out (`tunix_adapter.agentic`), every assistant token's rollout
 logprob equal to tunix's trainer logprob of the whole episode (<= 1e-4, float32), the
-environment's tokens masked, and the weights trained. With `off_policy_steps` 1 the producer
-runs a batch ahead of the trainer: each episode's policy version is the one that sampled it,
-at most one behind."""
+environment's tokens masked, and the weights trained.
+
+With `off_policy_steps` 0 the episodes call a tool: tunix's `ToolAgent` and calculator, our
+`ScalarToolEnvironment`; the calculator's answer comes back as prompt tokens (masked) before
+the second turn. With `off_policy_steps` 1 (the environment asks a follow-up question) the
+producer runs a batch ahead of the trainer: each episode's policy version is the one that
+sampled it, at most one behind."""
 
 from __future__ import annotations
 
@@ -45,15 +49,40 @@ def two_turn_environment():
     return TwoTurns
 
 
+def calculator_first_agent():
+    """tunix's `ToolAgent`, except that its first turn is read as a call of the calculator on
+    the question's operands. A test double for the model's decision only: the built-in random
+    model never writes a tool call, and what is tested is what happens after one (the tool runs
+    in tunix's `ToolEnvironment`, its output is the next turn's prompt). Later turns go through
+    tunix's Qwen tool parser: the random text holds no call, so it is the final answer."""
+    import re
+
+    from sgl_jax_rollout import tunix_compat
+
+    class CalculatorFirst(tunix_compat.ToolAgent):
+        def update_from_model(self, response, **kwargs):
+            if self.trajectory.steps:
+                return super().update_from_model(response, **kwargs)
+            a, b = (int(x) for x in re.findall(r"\d+", self.chat_completions[-1]["content"]))
+            call = tunix_compat.ToolCall(name="calculator", arguments={"a": a, "b": b, "op": "+"})
+            self.tool_parser.parse = lambda text: [call]
+            try:
+                return super().update_from_model(response, **kwargs)
+            finally:
+                del self.tool_parser.parse
+
+    return CalculatorFirst
+
+
 @pytest.mark.parametrize("off_policy_steps", [0, 1])
 def test_agentic_grpo_trains_two_turn_episodes_token_in_token_out(tiny_dir, off_policy_steps):
     from transformers import AutoTokenizer
 
     from sgl_jax_rollout import tunix_compat as tc
     from sgl_jax_rollout.rollout import SglangJaxRollout
-    from sgl_jax_rollout_apps.tasks import task
+    from sgl_jax_rollout_apps.tasks import is_correct, task
     from tests.conftest import small_engine_settings
-    from tunix_adapter.agentic import serve_agentic
+    from tunix_adapter.agentic import ScalarToolEnvironment, serve_agentic
     from tunix_adapter.models import load_tunix_model
     from tunix_adapter.rewards import vowel_word_reward
 
@@ -92,6 +121,20 @@ def test_agentic_grpo_trains_two_turn_episodes_token_in_token_out(tiny_dir, off_
         }
         for part in (problems[i : i + BATCH] for i in range(0, len(problems), BATCH))
     ]
+    tools = not off_policy_steps
+    if tools:
+        episodes = dict(
+            agent_class=calculator_first_agent(),
+            agent_kwargs={"tool_map": {"calculator": tc.CalculatorTool}},
+            env_class=ScalarToolEnvironment,
+            env_kwargs={
+                "tool_map": {"calculator": tc.CalculatorTool},
+                "reward_fn": lambda task, action: float(is_correct(action, task["answer"])),
+                "max_steps": 2,
+            },
+        )
+    else:
+        episodes = dict(env_class=two_turn_environment())
     learner = tc.AgenticGRPOLearner(
         cluster,  # `rl_cluster` under 0.1.7, `rl_engine` under tunix main
         algo_config=tc.AgenticGRPOConfig(
@@ -105,7 +148,7 @@ def test_agentic_grpo_trains_two_turn_episodes_token_in_token_out(tiny_dir, off_
         # the random tiny model never sums right: a dense toy reward gives groups variance
         reward_fns=[arithmetic.reward_fn("chat"), vowel_word_reward],
         chat_parser=tc.QwenChatTemplateParser(tokenizer),
-        env_class=two_turn_environment(),
+        **episodes,
     )
     model_call = serve_agentic(learner, cluster, turn_tokens=TURN_TOKENS)
 
@@ -142,7 +185,9 @@ def test_agentic_grpo_trains_two_turn_episodes_token_in_token_out(tiny_dir, off_
                     pad_id=rollout.pad_id(),
                     eos_id=rollout.eos_id(),
                 )
-            examples.append((example, np.asarray(trainer, np.float32), learner.policy_version))
+            answers = [t.traj["original_input"]["answer"] for t in kwargs["trajectories"]]
+            trainer = np.asarray(trainer, np.float32)
+            examples.append((example, trainer, learner.policy_version, answers))
         return out
 
     learner._process_results = keeping
@@ -173,7 +218,7 @@ def test_agentic_grpo_trains_two_turn_episodes_token_in_token_out(tiny_dir, off_
     assert len(examples) == BATCH * STEPS
     assert any(not np.array_equal(a, b) for a, b in zip(before, after, strict=True))
     two_turns = 0
-    for example, trainer, anchor in examples:
+    for example, trainer, anchor, answers in examples:
         versions = np.asarray(example.policy_version)
         assert ((anchor - off_policy_steps <= versions) & (versions <= anchor)).all()
         if off_policy_steps:
@@ -183,6 +228,12 @@ def test_agentic_grpo_trains_two_turn_episodes_token_in_token_out(tiny_dir, off_
         for row in range(mask.shape[0]):
             turns = np.flatnonzero(np.diff(mask[row].astype(int)) == 1).size + int(mask[row, 0])
             two_turns += turns == 2  # two assistant turns, the environment's tokens between
+            if tools and turns == 2:  # the calculator's result, as prompt tokens
+                first_end = np.flatnonzero(np.diff(mask[row].astype(int)) == -1)[0] + 1
+                second = np.flatnonzero(mask[row, first_end:])[0] + first_end
+                ids = np.asarray(example.completion_ids)[row]
+                between = tokenizer.decode(ids[first_end:second])
+                assert f"<tool_response>\nTool returned result: {answers[row]}" in between
             rollout_logps = np.asarray(example.old_per_token_logps, np.float32)[row]
             np.testing.assert_allclose(
                 rollout_logps[mask[row]], trainer[row][mask[row]], atol=1e-4, rtol=0
