@@ -75,6 +75,9 @@ SYMBOLS: dict[str, tuple[tuple[str, str], ...]] = {
     "ToolAgent": (("tunix.rl.agentic.agents.tool_agent", "ToolAgent"),),
     "CalculatorTool": (("tunix.rl.agentic.tools.calculator_tool", "CalculatorTool"),),
     "ToolCall": (("tunix.rl.agentic.tools.base_tool", "ToolCall"),),
+    "get_tool_parser": (
+        ("tunix.rl.agentic.parser.tool_parser.tool_parser_registry", "get_tool_parser"),
+    ),
     "BaseTaskEnv": (("tunix.rl.agentic.environments.base_environment", "BaseTaskEnv"),),
     "EnvStepResult": (("tunix.rl.agentic.environments.base_environment", "EnvStepResult"),),
     "QwenChatTemplateParser": (
@@ -121,6 +124,7 @@ MEMBERS: dict[str, tuple[str, ...]] = {
         "get_rollout_config",
         "buffer_metrics",
         "sync_weights",
+        "update_actor",
         "cluster_config",
         "_anchor_policy_state",
     ),
@@ -143,7 +147,13 @@ MEMBERS: dict[str, tuple[str, ...]] = {
     ),
     "VanillaRollout": ("generate", "_sampler"),
     "rl_utils": ("_is_same_state",),
-    "AgenticGRPOLearner": ("_model_call", "chat_parser", "tokenizer", "policy_version"),
+    "AgenticGRPOLearner": (
+        "_model_call",
+        "chat_parser",
+        "tokenizer",
+        "policy_version",
+        "should_sync_weights",
+    ),
     "TaskEnvironment": ("_initial_observation", "task"),
     "ToolEnvironment": ("_initial_observation", "task"),
     "ToolAgent": ("update_from_model", "tool_parser"),

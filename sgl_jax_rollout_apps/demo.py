@@ -41,7 +41,13 @@ from sgl_jax_rollout_apps.demo_config import (
     DemoConfig,
     samples_groups,
 )
-from sgl_jax_rollout_apps.demo_output import REPORTED, output_dir, step_line, write_outputs
+from sgl_jax_rollout_apps.demo_output import (
+    AGENTIC_REPORTED,
+    REPORTED,
+    output_dir,
+    step_line,
+    write_outputs,
+)
 from sgl_jax_rollout_apps.demo_prompts import local_prompts, prompts, share
 from sgl_jax_rollout_apps.plotting import require_matplotlib
 
@@ -134,15 +140,26 @@ def build(config: DemoConfig):
     if model_path is None and (config.task is not None or config.model is not None):
         model_path = _real_model(config)
     stops = _task_stop_ids(config, model_path) if config.task is not None else []
+    max_tokens, prompt_tokens = config.max_tokens, TASK_PROMPT_TOKENS if config.task else 16
+    settings = TASK_ENGINE_SETTINGS if config.task else DEMO_ENGINE_SETTINGS
+    release = RELEASE_MEMORY[config.release_memory]
+    if config.learner == "agentic":
+        from sgl_jax_rollout_apps import agentic_demo
+
+        max_tokens = agentic_demo.episode_tokens(config)  # tunix asks for max_response_length
+        prompt_tokens = agentic_demo.prompt_tokens(config)
+        settings = agentic_demo.ENGINE_SETTINGS
+        if config.release_memory == "auto":  # episodes may be sampled while the trainer updates
+            release = False
     rollout_config = RolloutConfig(
-        max_tokens_to_generate=config.max_tokens,
-        max_prompt_length=TASK_PROMPT_TOKENS if config.task else 16,
+        max_tokens_to_generate=max_tokens,
+        max_prompt_length=prompt_tokens,
         temperature=config.temperature,
         top_p=1.0,  # not None: tunix's vanilla sampler is greedy when top_p is None
         top_k=None,
         seed=config.seed,
         return_logprobs=True,
-        kv_cache_size=128,
+        kv_cache_size=max(128, prompt_tokens + max_tokens),
         eos_tokens=stops or None,
     )
     preset = tpu_configs.load(config.preset) if config.preset else None
@@ -155,7 +172,6 @@ def build(config: DemoConfig):
         mini_batch_size=config.mini_batch_size,
         rollout_micro_batch_size=_rollout_micro_batch(preset, per_process),
     )
-    settings = TASK_ENGINE_SETTINGS if config.task else DEMO_ENGINE_SETTINGS
     cluster = build_cluster(
         rollout=config.rollout,
         model_path=model_path,
@@ -166,7 +182,7 @@ def build(config: DemoConfig):
         with_critic=config.algo == "ppo",
         preset=preset,
         lora={"rank": config.lora_rank, "alpha": config.lora_alpha} if config.lora_rank else None,
-        release_rollout_memory=RELEASE_MEMORY[config.release_memory],
+        release_rollout_memory=release,
         partial_rollout=config.partial_rollout,
         max_staleness=config.max_staleness,
     )
@@ -240,6 +256,7 @@ def train(
             except (TypeError, ValueError):  # not a number (none of the learners' metrics)
                 continue
         row.update({key: row[name] for key, name in REPORTED.items() if name in row})
+        row.update({k: row[name] for k, name in AGENTIC_REPORTED.items() if name in row})
         if "reward_mean" not in row:
             return
         # Step 0 is the warm-up (the trainer's first step compiles); later steps should not.
@@ -287,6 +304,10 @@ def _shutdown(cluster) -> None:
 
 
 def _learner(config: DemoConfig, cluster, reward):
+    if config.learner == "agentic":
+        from sgl_jax_rollout_apps import agentic_demo
+
+        return agentic_demo.learner(config, cluster, reward)
     if config.algo == "ppo":
         from sgl_jax_rollout.tunix_compat import PPOConfig, ppo_learner
 

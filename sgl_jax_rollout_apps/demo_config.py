@@ -15,6 +15,10 @@ from typing import Any
 
 ALGOS = ("grpo", "egpo", "ppo")
 ROLLOUTS = ("sglang_jax", "vanilla", "both")
+# default: tunix's GRPO / PPO learners (one rollout call a batch); agentic: tunix's
+# AgenticGRPOLearner (episodes, one chat a call, many at once: `agentic_demo`)
+LEARNERS = ("default", "agentic")
+TOOLS = ("calculator",)
 # --release-memory: `build_cluster`'s `release_rollout_memory`.
 RELEASE_MEMORY = {"auto": True, "kv": "kv", "weights": "weights", "off": False}
 # Sized for the demo's batches (16 samples x (prompt + 16 tokens)) on CPU; `--preset` replaces
@@ -118,6 +122,12 @@ class DemoConfig:
     prompt_style: str = "auto"  # with a task: tasks.PROMPT_STYLES
     eval_every: int = 10  # with a task: held-out greedy accuracy every this many steps
     eval_problems: int = 200
+    learner: str = "default"  # LEARNERS
+    # learner="agentic": tunix's AgenticGRPOConfig fields of these names, and the tool of
+    # multi-turn episodes (TOOLS; the arithmetic task)
+    tools: str | None = None
+    off_policy_steps: int = 0
+    max_concurrency: int = 16
 
     def __post_init__(self) -> None:
         if self.algo not in ALGOS:
@@ -185,8 +195,46 @@ class DemoConfig:
                 "routing_replay with a preset: pass engine_settings with "
                 "return_routed_experts=True instead of the preset's"
             )
-        if self.algo != "ppo":
+        self._check_learner()
+        if self.algo != "ppo" and self.learner == "default":
             self.algo_config()  # validates the GRPO settings before anything is built
+
+    def _check_learner(self) -> None:
+        """ValueError for an agentic setting without the agentic learner, or a setting the
+        agentic learner does not have."""
+        if self.learner not in LEARNERS:
+            raise ValueError(f"learner must be one of {LEARNERS}, got {self.learner!r}")
+        if self.learner == "default":
+            for name, default in (("tools", None), ("off_policy_steps", 0)):
+                if getattr(self, name) != default:
+                    raise ValueError(f"{name} applies to learner='agentic'")
+            return
+        if self.algo != "grpo":
+            raise ValueError(
+                f"learner='agentic' is tunix's agentic GRPO: algo 'grpo', got {self.algo!r}"
+            )
+        if self.tools is not None and self.tools not in TOOLS:
+            raise ValueError(f"tools must be None or one of {TOOLS}, got {self.tools!r}")
+        if self.tools is not None and self.task != "arithmetic":
+            raise ValueError(f"tools={self.tools!r} needs task='arithmetic', got {self.task!r}")
+        if self.off_policy_steps < 0:
+            raise ValueError(f"off_policy_steps must be >= 0, got {self.off_policy_steps}")
+        if self.max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be >= 1, got {self.max_concurrency}")
+        unsupported = {
+            "tis_cap": None,
+            "is_correction": None,
+            "top_entropy_quantile": None,
+            "routing_replay": False,
+        }
+        for name, default in unsupported.items():
+            if getattr(self, name) != default:
+                raise ValueError(f"{name} does not apply to learner='agentic'")
+        if samples_groups(self):
+            raise ValueError(
+                "filter_groups, over_sampling_batch_size and partial_rollout do not apply to "
+                "learner='agentic' (tunix's agentic learner samples each group once)"
+            )
 
     def algo_config(self, think_ids: tuple[int | None, int | None] = (None, None)):
         """The `RolloutGRPOConfig` of a grpo / egpo run: the trainer is the old policy when an

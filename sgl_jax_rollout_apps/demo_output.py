@@ -29,6 +29,13 @@ REPORTED = {
     "is_weight_mean": "off_policy/weight_mean",
     "memory_released_bytes": "rollout/memory_released_bytes",
 }
+# tunix's agentic learner logs these under its own names (`agentic_grpo_learner.py`)
+AGENTIC_REPORTED = {
+    "completion_length": "generation/completions/mean_length",
+    "logp_diff_mean": "sampler_trainer/logp_diff_mean",
+    "logp_diff_max": "sampler_trainer/logp_diff_max",
+    "tool_call_frac": "tools/call_frac",
+}
 
 
 def output_dir(config: DemoConfig) -> Path:
@@ -47,6 +54,8 @@ def step_line(row: dict[str, float]) -> str:
     if "logp_diff_mean" in row:
         parts.append(f"|logp trainer-rollout| mean {row['logp_diff_mean']:.2e}")
         parts.append(f"max {row['logp_diff_max']:.2e}")
+    if "tool_call_frac" in row:
+        parts.append(f"tool calls {row['tool_call_frac']:.2f}")
     if row.get("memory_released_bytes"):
         parts.append(f"released {row['memory_released_bytes'] / 2**20:.1f} MiB")
     return "  ".join(parts)

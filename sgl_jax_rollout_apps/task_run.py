@@ -16,6 +16,11 @@ them; `phases` splits it (rollout, with dynamic sampling's rounds; trainer scori
 update; weight sync) by timing the cluster's own methods. `compare` runs the same task with each
 rollout on the same seeds and writes `summary.json` and `task.png` (held-out accuracy, reward
 mean and wall time per step).
+
+With tunix's agentic learner (`demo --learner agentic`) the batches hold the questions alone
+(the learner's agent writes the chat), the rollout's time is no phase (its episodes may run
+while the trainer updates), and with a tool the held-out evaluation runs whole greedy tool
+episodes (`agentic_demo.tool_accuracy`: accuracy and the share that called the tool).
 """
 
 from __future__ import annotations
@@ -52,14 +57,18 @@ class TaskRun:
         shots = self.task.examples() if self.style == "few-shot" else ()
         held_out = self.task.held_out(config.eval_problems, config.seed, exclude=shots)
         self._eval_prompts = [self.task.prompt(tokenizer, p, self.style) for p in held_out]
+        self._eval_questions = [p.question for p in held_out]
         self._eval_answers = [p.answer for p in held_out]
+        # the agentic learner renders its chats itself, and samples while the trainer updates
+        self._agentic = getattr(config, "learner", "default") == "agentic"
+        self._phases = {k: v for k, v in PHASES.items() if not (self._agentic and k == "rollout_s")}
         self._tokenizer = tokenizer
         self._train = self.task.stream(config.seed, exclude=held_out)
         self.extra_batches: list[int] = []  # per step: batches dynamic sampling drew
         self.evals: list[dict[str, float]] = []
         self.step_seconds: list[float] = []
         self.step_phases: list[dict[str, float]] = []
-        self._totals = dict.fromkeys(PHASES, 0.0)
+        self._totals = dict.fromkeys(self._phases, 0.0)
         self._eval_seconds_since_last = 0.0
         self._last_batch = time.perf_counter()
         self._time_phases()
@@ -82,14 +91,18 @@ class TaskRun:
                 self._eval_seconds_since_last = 0.0  # evaluations before the batch are no step's
             else:
                 self.extra_batches[-1] += 1
-                log.info("step %d: dynamic sampling draws another %d prompts", step, per_step)
+                log.info(
+                    "step %d: another %d prompts before the next weight sync (dynamic sampling, "
+                    "or an agentic producer running ahead)",
+                    step,
+                    per_step,
+                )
             problems = [next(self._train) for _ in range(per_step)]
-            yield {
-                "prompts": np.array(
-                    [self.task.prompt(self._tokenizer, p, self.style) for p in problems]
-                ),
-                "answer": np.array([p.answer for p in problems]),
-            }
+            if self._agentic:  # the question alone: the learner's agent writes the chat
+                prompts = [p.question for p in problems]
+            else:
+                prompts = [self.task.prompt(self._tokenizer, p, self.style) for p in problems]
+            yield {"prompts": np.array(prompts), "answer": np.array([p.answer for p in problems])}
 
     def finish(self) -> None:
         """After the learner returns: the last step's time and the final evaluation."""
@@ -101,23 +114,39 @@ class TaskRun:
         seconds = time.perf_counter() - self._last_batch - self._eval_seconds_since_last
         self.step_seconds.append(round(seconds, 3))
         self.step_phases.append({name: round(t, 3) for name, t in self._totals.items()})
-        self._totals = dict.fromkeys(PHASES, 0.0)
+        self._totals = dict.fromkeys(self._phases, 0.0)
         self._eval_seconds_since_last = 0.0
 
     def _evaluate(self, step: int) -> None:
         start = time.perf_counter()
-        accuracy = tasks.evaluate(
-            self.cluster.rollout,
-            self._eval_prompts,
-            self._eval_answers,
-            self.rollout_config,
-            self.config.prompts_per_step * self.config.num_generations,
-            show_progress=self.config.show_progress,
-            style=self.style,
-        )
+        rows = self.config.prompts_per_step * self.config.num_generations
+        if getattr(self.config, "tools", None):  # whole tool episodes, greedy
+            from sgl_jax_rollout_apps.agentic_demo import tool_accuracy
+
+            scores = tool_accuracy(
+                self.cluster.rollout,
+                self._tokenizer,
+                self._eval_questions,
+                self._eval_answers,
+                self.rollout_config,
+                self.config.max_tokens,
+                rows,
+            )
+        else:
+            accuracy = tasks.evaluate(
+                self.cluster.rollout,
+                self._eval_prompts,
+                self._eval_answers,
+                self.rollout_config,
+                rows,
+                show_progress=self.config.show_progress,
+                style=self.style,
+            )
+            scores = {"accuracy": accuracy}
+        accuracy = scores["accuracy"]
         seconds = time.perf_counter() - start
         self._eval_seconds_since_last += seconds
-        self.evals.append({"step": step, "accuracy": accuracy, "seconds": round(seconds, 2)})
+        self.evals.append({"step": step, **scores, "seconds": round(seconds, 2)})
         log.info("held-out accuracy at step %d: %.3f (%.0f s)", step, accuracy, seconds)
         if self.config.show_progress:
             print(
@@ -129,7 +158,7 @@ class TaskRun:
     def _time_phases(self) -> None:
         """Times the cluster's own methods (instance attributes over the class's); a cluster
         without dynamic sampling has no `generate_groups`."""
-        for phase, names in PHASES.items():
+        for phase, names in self._phases.items():
             for name in names:
                 original = getattr(self.cluster, name, None)
                 if original is None:
@@ -162,8 +191,16 @@ class TaskRun:
                 phase: float(
                     np.median([p[phase] for p in self.step_phases[1:] or self.step_phases])
                 )
-                for phase in PHASES
+                for phase in self._phases
             },
+            **(
+                {
+                    "tool_call_share_before": self.evals[0]["tool_call_share"],
+                    "tool_call_share_after": self.evals[-1]["tool_call_share"],
+                }
+                if "tool_call_share" in self.evals[0]
+                else {}
+            ),
             "evals": self.evals,
         }
 

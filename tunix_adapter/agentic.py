@@ -65,7 +65,12 @@ class _Episode:
 class AgenticModelCall:
     """A learner's model call (`_model_call(chat_lists, env, max_generation_steps)`) on our
     rollout; `serve_agentic` installs it. `turn_tokens`: at most this many new tokens a turn
-    (default: what is left of the episode's `max_response_length`, tunix's only limit)."""
+    (default: what is left of the episode's `max_response_length`, tunix's only limit).
+
+    On a rollout that takes no token ids and reports no weight versions (tunix's
+    `VanillaRollout`, for comparisons) it needs `token_in=False`: every call is the chat as
+    text, with its own seed, and an episode is stamped with the learner's version when its
+    call starts, as tunix stamps it."""
 
     def __init__(
         self, learner: Any, cluster: Any, token_in: bool = True, turn_tokens: int | None = None
@@ -84,8 +89,16 @@ class AgenticModelCall:
         self.token_in = token_in
         self.turn_tokens = turn_tokens
         self._keeps_full_turn = tunix_compat.agentic_keeps_full_turn()
+        self._ours = hasattr(cluster.rollout, "generate_from_ids")  # our SglangJaxRollout
+        if token_in and not self._ours:
+            raise ValueError(
+                f"token_in=True needs a rollout that takes token ids (SglangJaxRollout."
+                f"generate_from_ids); {type(cluster.rollout).__name__} has none: token_in=False"
+            )
         # engine weight version - learner policy version (the rollout's own start counts one)
-        self._version_offset = cluster.rollout.policy_version - learner.policy_version
+        self._version_offset = (
+            cluster.rollout.policy_version - learner.policy_version if self._ours else 0
+        )
         self._episodes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()  # episodes are looked up from many threads
 
@@ -99,9 +112,11 @@ class AgenticModelCall:
             limit -= 1
         limit = min(limit, self.turn_tokens or limit)
         episode = self._episode(env)
-        config = dataclasses.replace(
-            config, max_tokens_to_generate=limit, seed=_call_seed(config.seed, env, episode.turns)
-        )
+        seed = _call_seed(config.seed, env, episode.turns)
+        if seed is not None and self._ours:
+            seed = [seed]  # the prompt's own seed (an int would derive row 0's from it)
+        config = dataclasses.replace(config, max_tokens_to_generate=limit, seed=seed)
+        started = learner.policy_version
         rollout = self._cluster.rollout
         if self.token_in and episode.ids:
             _, env_messages = tunix_compat.get_recent_assistant_user_messages(chat_lists)
@@ -124,8 +139,10 @@ class AgenticModelCall:
         episode.ids = prompt + np.asarray(out.tokens[0]).tolist()
         episode.turns += 1
         if env is not None:
-            sampled = int(rollout.policy_version) - self._version_offset
-            if len(out.tokens[0]):
+            sampled = started  # tunix's stamp, where the rollout reports no versions
+            if self._ours:
+                sampled = int(rollout.policy_version) - self._version_offset
+            if self._ours and len(out.tokens[0]):
                 sampled = int(out.versions[0][0]) - self._version_offset
             oldest = episode.oldest_version
             episode.oldest_version = sampled if oldest is None else min(oldest, sampled)
@@ -143,9 +160,26 @@ def serve_agentic(
     learner: Any, cluster: Any, token_in: bool = True, turn_tokens: int | None = None
 ) -> AgenticModelCall:
     """Makes `learner` (tunix's `AgenticGRPOLearner`, built on `cluster` whose rollout is our
-    `SglangJaxRollout`) call our rollout through `AgenticModelCall`; call it before `train`."""
+    `SglangJaxRollout`) call our rollout through `AgenticModelCall`; call it before `train`.
+
+    Where the rollout samples with the actor's own weights (tunix's vanilla rollout on the
+    actor's mesh: the learner's `should_sync_weights` is False), tunix's agentic learner never
+    moves the cluster's anchor state after an update (it only counts the step,
+    `agentic_rl_learner.py:1054-1055` at 0.1.7; `sync_weights` is what stores it), so the
+    trainer scores every later episode with the first step's weights: its
+    `sampler_trainer/logp_diff_*` and any old policy taken from the trainer are stale. On our
+    `RolloutCluster` each update is then followed by `snapshot_policy`."""
     model_call = AgenticModelCall(learner, cluster, token_in, turn_tokens)
     learner._model_call = model_call
+    if not learner.should_sync_weights and hasattr(cluster, "snapshot_policy"):
+        update = cluster.update_actor
+
+        def update_and_anchor(*args: Any, **kwargs: Any) -> Any:
+            out = update(*args, **kwargs)
+            cluster.snapshot_policy()
+            return out
+
+        cluster.update_actor = update_and_anchor
     return model_call
 
 
@@ -164,7 +198,7 @@ def _ended_before_pad(out: Any, pad: int) -> Any:
     return dataclasses.replace(out, **cut)
 
 
-def _call_seed(seed: Any, env: Any, turn: int) -> list[int] | None:
+def _call_seed(seed: Any, env: Any, turn: int) -> int | None:
     """One call's seed: None stays None (fresh seeds); an int gives each (group, pair, turn)
     its own, the same in every run."""
     if seed is None:
@@ -175,7 +209,7 @@ def _call_seed(seed: Any, env: Any, turn: int) -> list[int] | None:
         )
     extra = getattr(env, "extra_kwargs", {}) if env is not None else {}
     words = [int(seed), int(extra.get("group_id", 0)), int(extra.get("pair_index", 0)), turn]
-    return [int(np.random.SeedSequence(words).generate_state(1, np.uint64)[0]) % MAX_SEED]
+    return int(np.random.SeedSequence(words).generate_state(1, np.uint64)[0]) % MAX_SEED
 
 
 def _scalar(value: Any) -> Any:

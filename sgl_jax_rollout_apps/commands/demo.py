@@ -16,6 +16,8 @@ import sys
 from sgl_jax_rollout_apps.commands.engine import engine_missing
 from sgl_jax_rollout_apps.commands.variant_flags import add_variant_flags, variant_fields
 
+# --tools: a turn holds a tool call (`<tool_call>` and its JSON: about 35 tokens)
+TOOL_TURN_TOKENS = 48
 RUN_SIZE_FLAGS = (
     "steps",
     "prompts_per_step",
@@ -134,6 +136,7 @@ def add_parser(sub: argparse._SubParsersAction, presets: str) -> None:
     )
     add_variant_flags(demo)
     _add_group_sampling_flags(demo)
+    _add_agentic_flags(demo)
     demo.add_argument(
         "--sweep",
         action="store_true",
@@ -205,6 +208,48 @@ def _add_group_sampling_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_agentic_flags(parser: argparse.ArgumentParser) -> None:
+    """`demo`'s flags of tunix's agentic learner (`sgl_jax_rollout_apps.agentic_demo`)."""
+    parser.add_argument(
+        "--learner",
+        choices=("default", "agentic"),
+        default="default",
+        help="agentic: tunix's AgenticGRPOLearner (grpo): episodes of one chat per model "
+        "call, --max-concurrency at once, which the engine batches; default: tunix's GRPO / "
+        "PPO learners, one rollout call per batch",
+    )
+    parser.add_argument(
+        "--tools",
+        choices=("calculator",),
+        default=None,
+        help="--learner agentic --task arithmetic: multi-turn episodes with tunix's ToolAgent "
+        "and calculator tool; the reward is the final answer's (default --max-tokens 48 a "
+        "turn); each step reports the share of episodes that call the tool",
+    )
+    parser.add_argument(
+        "--off-policy-steps",
+        type=int,
+        default=0,
+        help="--learner agentic: batches tunix's producer may sample ahead of the trainer "
+        "(AgenticGRPOConfig.off_policy_steps, default 0)",
+    )
+    parser.add_argument(
+        "--max-concurrency",
+        type=int,
+        default=16,
+        help="--learner agentic: episodes at once (AgenticGRPOConfig.max_concurrency, 16)",
+    )
+
+
+def _agentic_fields(args: argparse.Namespace) -> dict:
+    return {
+        "learner": args.learner,
+        "tools": args.tools,
+        "off_policy_steps": args.off_policy_steps,
+        "max_concurrency": args.max_concurrency,
+    }
+
+
 def _group_sampling_fields(args: argparse.Namespace) -> dict:
     return {
         "filter_groups": args.filter_groups,
@@ -255,6 +300,7 @@ def _demo(args: argparse.Namespace) -> int:
             tis_cap=args.tis_cap,
             **variant_fields(args),
             **_group_sampling_fields(args),
+            **_agentic_fields(args),
             preset=args.preset,
             task=args.task,
             eval_problems=args.eval_problems,
@@ -272,8 +318,9 @@ def _demo(args: argparse.Namespace) -> int:
     history = run(config)
     first, last = history[0]["reward_mean"], history[-1]["reward_mean"]
     out = output_dir(config) if args.out else None
+    learner = " (tunix's agentic learner)" if config.learner == "agentic" else ""
     print(
-        f"{args.algo} with the {args.rollout} rollout: {len(history)} steps, reward mean "
+        f"{args.algo}{learner} with the {args.rollout} rollout: {len(history)} steps, reward mean "
         f"{first:.3f} -> {last:.3f}, {history[-1]['compiles_after_warmup']} XLA compiles "
         f"after step 0; metrics in {out}/metrics.jsonl, plot in {out}/metrics.png"
     )
@@ -287,9 +334,10 @@ def _run_size_fields(args: argparse.Namespace) -> dict:
 
     given = {name: getattr(args, name) for name in RUN_SIZE_FLAGS}
     given = {name: value for name, value in given.items() if value is not None}
+    tools = {"max_tokens": TOOL_TURN_TOKENS} if args.tools else {}
     if not args.task:
-        return given
-    return {**TASK_DEFAULTS, **MODEL_TASK_DEFAULTS.get(args.model, {}), **given}
+        return {**tools, **given}
+    return {**TASK_DEFAULTS, **MODEL_TASK_DEFAULTS.get(args.model, {}), **tools, **given}
 
 
 def _task(config) -> int:
@@ -307,10 +355,16 @@ def _task(config) -> int:
         print(f"sgl-jax-rollout: error: demo --prompt-style: {err}", file=sys.stderr)
         return 2
     for rollout, s in summaries.items():
+        tools = ""
+        if "tool_call_share_before" in s:
+            tools = (
+                f", episodes calling the tool {s['tool_call_share_before']:.3f} -> "
+                f"{s['tool_call_share_after']:.3f}"
+            )
         print(
             f"{config.task} with the {rollout} rollout: held-out greedy accuracy "
             f"{s['accuracy_before']:.3f} -> {s['accuracy_after']:.3f} ({s['gain_points']:+.1f} "
-            f"points, p = {s['p_value']:.2g}, {s['eval_problems']} problems), "
+            f"points, p = {s['p_value']:.2g}, {s['eval_problems']} problems{tools}), "
             f"{s['step_seconds_median']:.1f} s per step"
         )
     print(f"summary in {where}")

@@ -9,7 +9,12 @@ import types
 import numpy as np
 import pytest
 
-from tunix_adapter.agentic import AgenticModelCall, ScalarTaskEnvironment, _call_seed
+from tunix_adapter.agentic import (
+    AgenticModelCall,
+    ScalarTaskEnvironment,
+    ScalarToolEnvironment,
+    _call_seed,
+)
 
 
 def env(group: int, pair: int):
@@ -18,14 +23,11 @@ def env(group: int, pair: int):
 
 def test_each_group_pair_and_turn_gets_its_own_seed_the_same_every_run():
     seeds = {
-        (g, p, t): _call_seed(7, env(g, p), t)[0]
-        for g in range(3)
-        for p in range(2)
-        for t in range(2)
+        (g, p, t): _call_seed(7, env(g, p), t) for g in range(3) for p in range(2) for t in range(2)
     }
     assert len(set(seeds.values())) == len(seeds)  # no two calls share a stream
-    assert _call_seed(7, env(1, 1), 1) == [seeds[1, 1, 1]]
-    assert _call_seed(8, env(1, 1), 1) != [seeds[1, 1, 1]]
+    assert _call_seed(7, env(1, 1), 1) == seeds[1, 1, 1]
+    assert _call_seed(8, env(1, 1), 1) != seeds[1, 1, 1]
     assert _call_seed(None, env(0, 0), 0) is None  # fresh seeds stay fresh
     with pytest.raises(ValueError, match="seed must be None or an int"):
         _call_seed([1, 2], env(0, 0), 0)
@@ -37,6 +39,37 @@ def test_the_model_call_refuses_a_learner_without_chat_parser_and_a_bad_turn_lim
         AgenticModelCall(learner, cluster=None)
     with pytest.raises(ValueError, match="turn_tokens must be None or an integer >= 1, got 0"):
         AgenticModelCall(types.SimpleNamespace(chat_parser=object()), None, turn_tokens=0)
+
+
+def test_token_in_is_refused_by_name_on_a_rollout_that_takes_no_token_ids():
+    learner = types.SimpleNamespace(chat_parser=object(), policy_version=0)
+    cluster = types.SimpleNamespace(rollout=types.SimpleNamespace(generate=None))
+    with pytest.raises(ValueError, match="token_in=True needs a rollout that takes token ids"):
+        AgenticModelCall(learner, cluster)
+    assert not AgenticModelCall(learner, cluster, token_in=False).token_in
+
+
+def test_scalar_tool_environment_asks_the_prompt_and_scores_the_unwrapped_answer():
+    from sgl_jax_rollout import tunix_compat
+
+    scored = []
+    environment = ScalarToolEnvironment(
+        {"prompts": np.array(["17 + 13 ="]), "answer": np.array(["30"])},
+        tool_map={"calculator": tunix_compat.CalculatorTool},
+        reward_fn=lambda task, action: scored.append((task["answer"], action)) or 1.0,
+        max_steps=2,
+    )
+    observation, _ = environment.reset()
+    assert observation["question"] == observation["prompts"] == "17 + 13 ="  # ToolAgent's key
+    call = {
+        "id": "c",
+        "function": {"name": "calculator", "arguments": '{"a": 17, "b": 13, "op": "+"}'},
+    }
+    observation, reward, done, _ = environment.step([call])
+    assert observation == {"tool_outputs": {"c": "30"}} and reward == 0.0 and not done
+    finish = {"function": {"name": "finish", "arguments": {"response": "30"}}}
+    _, reward, done, _ = environment.step([finish])
+    assert (reward, done, scored) == (1.0, True, [("30", "30")])
 
 
 def test_scalar_task_environment_unwraps_the_fields_tunix_hands_as_one_element_arrays():
