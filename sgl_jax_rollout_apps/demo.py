@@ -1,4 +1,5 @@
-"""The main job: `sgl-jax-rollout demo`: GRPO / EGPO / PPO on the built-in model, on CPU.
+"""The main job: `sgl-jax-rollout demo`: GRPO / EGPO / PPO on the built-in model, on CPU, or
+tunix's agentic GRPO learner (`learner="agentic"`: its learner and sizes in `agentic_demo`).
 
 Owns the run: `build` (the cluster and the learner, on the toy task, `rewards.vowel_word_reward`,
 or on a real task, `--task NAME`: a task of `tasks.TASKS` on a real checkpoint, by default

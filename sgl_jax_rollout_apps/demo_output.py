@@ -1,6 +1,7 @@
 """What a demo run reports: the line of each step and the files in `--out DIR`.
 
-Owns `REPORTED` (the short names of the metrics a step reports), `step_line` (the line printed
+Owns `REPORTED` (the short names of the metrics a step reports; `AGENTIC_REPORTED`, where
+tunix's agentic learner logs them under other names), `step_line` (the line printed
 under the progress bar: reward mean, completion length, rollout entropy mean, trainer/rollout
 logprob difference), `output_dir` (`--out`, or a process's own folder in it) and
 `write_outputs`: `metrics.jsonl` (one line per step: every metric the learner and tunix log that

@@ -29,6 +29,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             "start",
             "attention",
             "concurrency",
+            "agentic",
         ],
         help="sampler: ms per sampling step; rollout: tokens/s of the rollouts; weights: "
         "update_params vs device_put; soak: many mixed requests, every completion checked "
@@ -48,14 +49,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "ours is under 5x faster at 64 rows x 1,024 context on the real one, or slower at 8 x "
         "128, or any greedy token differs); concurrency: 1 / 4 / 16 / 32 one-prompt calls "
         "from as many threads at once vs one call of the same prompts (exit 1 if 16 or 32 "
-        "calls take over 1.3x the one call, or any seeded completion differs)",
+        "calls take over 1.3x the one call, or any seeded completion differs); agentic: "
+        "tunix's AgenticGRPOLearner steps with our rollout vs VanillaRollout, off_policy_steps "
+        "0 and 1, on the built-in and the Qwen3-0.6B-sized model (exit 1 if ours is under 2x "
+        "vanilla's steps/s there, or slower with off_policy_steps 1 than 0)",
     )
     bench.add_argument("--json", action="store_true", help="print compact JSON on one line")
     bench.add_argument(
         "--steps",
         type=int,
         default=None,
-        help="sampler: timed steps (>= 20, default 20); grpo: timed GRPO steps (>= 3, default 5)",
+        help="sampler: timed steps (>= 20, default 20); grpo: timed GRPO steps (>= 3, default "
+        "5); agentic: timed steps per variant (>= 3, default 4)",
     )
     bench.add_argument(
         "--runs",
@@ -82,7 +87,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--model-path",
         default=None,
         help="rollout / weights / soak / memory / replay / tail / start / attention / "
-        "concurrency: HF model "
+        "concurrency / agentic: HF model "
         "dir (default: tiny model; replay: the Qwen3-MoE replica in bfloat16; start: the real "
         "checkpoint, SmolLM2-135M-Instruct; attention: both the built-in model and that one)",
     )
@@ -90,7 +95,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--real-size-layers",
         type=int,
         default=2,
-        help="rollout / memory / grpo / tail: layers of the second, Qwen3-0.6B-sized model "
+        help="rollout / memory / grpo / tail / agentic: layers of the second, Qwen3-0.6B-sized "
+        "model "
         "(generated "
         "offline on first use, 620 MB + 63 MB per layer; 0 skips it)",
     )
@@ -132,9 +138,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Sets `--steps`'s default for the target; `parser.error` on flags out of its range."""
-    lowest = 3 if args.target == "grpo" else 20
+    lowest, default = {"grpo": (3, 5), "agentic": (3, 4)}.get(args.target, (20, 20))
     if args.steps is None:
-        args.steps = 5 if args.target == "grpo" else 20
+        args.steps = default
     if args.steps < lowest:
         parser.error(f"--steps must be >= {lowest} for bench {args.target}, got {args.steps}")
     fewest_runs = 1 if args.target == "start" else 5
@@ -199,6 +205,12 @@ def _bench(args: argparse.Namespace) -> int:
         from sgl_jax_rollout_apps.bench import concurrency_bench
 
         result = concurrency_bench.run(model_dir=args.model_path, runs=args.runs)
+    elif args.target == "agentic":
+        from sgl_jax_rollout_apps.bench import agentic_bench
+
+        result = agentic_bench.run(
+            model_dir=args.model_path, steps=args.steps, real_size_layers=args.real_size_layers
+        )
     elif args.target == "tail":
         from sgl_jax_rollout_apps.bench import tail
 

@@ -45,6 +45,16 @@ def test_preset_of_another_slice_exits_2_naming_the_device_count(capsys):
         ({"model": "gemma-7b"}, "model must be one of smollm2-135m-instruct, gemma3-270m"),
         ({"model": "gemma3-270m", "model_path": "/m"}, "model and model_path"),
         ({"task": "arithmetic", "prompt_style": "zero-shot"}, "prompt_style must be one of"),
+        ({"learner": "mcts"}, "learner must be one of"),
+        ({"tools": "calculator"}, "tools applies to learner='agentic'"),
+        ({"off_policy_steps": 1}, "off_policy_steps applies to learner='agentic'"),
+        ({"learner": "agentic", "algo": "ppo"}, "algo 'grpo'"),
+        ({"learner": "agentic", "tools": "calculator"}, "needs task='arithmetic'"),
+        ({"learner": "agentic", "task": "arithmetic", "tools": "abacus"}, "tools must be"),
+        ({"learner": "agentic", "off_policy_steps": -1}, "off_policy_steps must be >= 0"),
+        ({"learner": "agentic", "max_concurrency": 0}, "max_concurrency must be >= 1"),
+        ({"learner": "agentic", "tis_cap": 2.0}, "tis_cap does not apply"),
+        ({"learner": "agentic", "filter_groups": "verl"}, "do not apply to learner='agentic'"),
     ],
 )
 def test_bad_demo_settings_raise_naming_the_field(kwargs, field):
@@ -65,6 +75,18 @@ def test_a_real_checkpoints_task_defaults_sit_between_the_tasks_and_the_flags():
     args = ["demo", "--task", "arithmetic", "--model", "gemma3-270m", "--steps", "7"]
     fields = _run_size_fields(parser.parse_args(args))
     assert fields == {**TASK_DEFAULTS, "steps": 7, "eval_every": 5, "learning_rate": 1e-5}
+
+
+def test_tool_episodes_take_longer_turns_unless_the_flag_says():
+    import argparse
+
+    from sgl_jax_rollout_apps.commands.demo import TOOL_TURN_TOKENS, add_parser
+
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers(), presets="")
+    agentic = ["demo", "--learner", "agentic", "--task", "arithmetic", "--tools", "calculator"]
+    assert _run_size_fields(parser.parse_args(agentic))["max_tokens"] == TOOL_TURN_TOKENS
+    assert _run_size_fields(parser.parse_args([*agentic, "--max-tokens", "30"]))["max_tokens"] == 30
 
 
 def test_bad_cli_values_exit_2_without_traceback(capsys):

@@ -128,3 +128,39 @@ def test_without_draws_step_k_trains_on_the_streams_kth_batch(task_run):
     run.finish()
     assert run.extra_batches == [0, 0, 0] and evaluated_at == [5, 7, 8]
     assert [e["step"] for e in run.evals] == [0, 2, 3]
+
+
+def test_an_agentic_run_draws_questions_and_counts_the_producers_head_start(task_run):
+    """tunix's agentic learner with `off_policy_steps` 1 takes two batches before the first
+    sync: the second is the next step's, drawn early (an extra batch of step 0 here, as a
+    dynamic-sampling draw), and every batch holds the bare questions (its agent writes the
+    chat); the rollout's time is no phase of an agentic step."""
+    import dataclasses
+
+    _, cluster, _ = task_run
+    config = DemoConfig(
+        task="arithmetic",
+        steps=2,
+        prompts_per_step=2,
+        eval_every=2,
+        eval_problems=8,
+        learner="agentic",
+        off_policy_steps=1,
+        show_progress=False,
+    )
+    run = TaskRun(dataclasses.replace(config), cluster, rollout_config=None)
+    batches = run.batches()
+    first, ahead = next(batches), next(batches)  # the prompt queue's head start
+    cluster.sync_weights()
+    later = next(batches)  # the learner's pull after step 0's sync
+    cluster.sync_weights()
+    with pytest.raises(StopIteration):  # steps=2 have synced: the data ends
+        next(batches)
+    run.finish()
+    stream = tasks.task("arithmetic").problems(
+        6, seed=0, exclude=tasks.task("arithmetic").held_out(8, 0)
+    )
+    drawn = [*first["prompts"], *ahead["prompts"], *later["prompts"]]
+    assert drawn == [p.question for p in stream]
+    assert run.extra_batches == [1, 0] and "rollout_s" not in run.step_phases[0]
+    assert "rollout_s" not in run.summary()["phases_median_s"]

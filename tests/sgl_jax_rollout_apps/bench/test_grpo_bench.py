@@ -32,7 +32,9 @@ def test_every_workload_has_the_reference_variant():
         assert passes >= 1 and "ours_rollout_old" in variants
 
 
-@pytest.mark.parametrize(("target", "steps", "lowest"), [("grpo", "2", 3), ("sampler", "19", 20)])
+@pytest.mark.parametrize(
+    ("target", "steps", "lowest"), [("grpo", "2", 3), ("sampler", "19", 20), ("agentic", "2", 3)]
+)
 def test_steps_below_each_targets_floor_exit_2(target, steps, lowest, capsys):
     from sgl_jax_rollout_apps.cli import main
 

@@ -1,0 +1,76 @@
+"""`agentic_demo.tool_accuracy`: greedy tool episodes on held-out questions, scored on the final
+answer, with the share that called the tool.
+
+The rollout here is a scripted test double, and it says so: the test is about our episode loop
+around tunix's `ToolAgent`, its calculator and Qwen tool parser and our `ScalarToolEnvironment`
+(the chat each turn is asked, what the tool answered, when an episode ends and how it is
+scored). The engine's tool episodes: tests/tunix_adapter/test_agentic_engine.py."""
+
+from __future__ import annotations
+
+import re
+import types
+
+import pytest
+
+pytestmark = pytest.mark.tunix
+
+
+class ScriptedRollout:
+    """Calls the calculator on "a + b =" for even a and repeats its result the turn after;
+    for odd a answers "7" at once. Records every call's prompts."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+
+    def generate(self, prompts, config, temperature):
+        assert temperature == 0.0 and config.top_p is None and config.max_tokens_to_generate == 48
+        self.calls.append(list(prompts))
+        texts = []
+        for prompt in prompts:
+            results = re.findall(r"<tool_response>\nTool returned result: (-?\d+)", prompt)
+            a, b = (int(x) for x in re.findall(r"(\d+) \+ (\d+) =", prompt)[-1])
+            if results:
+                texts.append(f"The answer is {results[-1]}.")
+            elif a % 2 == 0:
+                call = {"name": "calculator", "arguments": {"a": a, "b": b, "op": "+"}}
+                texts.append(f"<tool_call>\n{str(call).replace(chr(39), chr(34))}\n</tool_call>")
+            else:
+                texts.append("I think it is 7")
+        return types.SimpleNamespace(text=texts)
+
+
+def test_tool_episodes_are_scored_on_their_final_answer_and_count_the_tool_callers():
+    from transformers import AutoTokenizer
+
+    from sgl_jax_rollout.tiny_model import default_model_dir
+    from sgl_jax_rollout.tunix_compat import RolloutConfig
+    from sgl_jax_rollout_apps.agentic_demo import tool_accuracy
+    from sgl_jax_rollout_apps.tasks import task
+
+    problems = task("arithmetic").held_out(12, seed=0)
+    rollout = ScriptedRollout()
+    config = RolloutConfig(max_tokens_to_generate=200, max_prompt_length=512, top_p=1.0)
+    scores = tool_accuracy(
+        rollout,
+        AutoTokenizer.from_pretrained(default_model_dir()),
+        [p.question for p in problems],
+        [p.answer for p in problems],
+        config,
+        turn_tokens=48,
+        rows_per_call=5,
+    )
+    calling = [int(p.question.split()[0]) % 2 == 0 for p in problems]
+    right = [c or p.answer == "7" for c, p in zip(calling, problems, strict=True)]
+    assert 0 < sum(calling) < len(problems)
+    assert scores == {
+        "accuracy": pytest.approx(sum(right) / len(problems)),
+        "tool_call_share": pytest.approx(sum(calling) / len(problems)),
+    }
+    # turn 1: every question, 5 a call; turn 2: the callers alone, the tool's result in the chat
+    assert [len(c) for c in rollout.calls] == [5, 5, 2, *_chunks(sum(calling), 5)]
+    assert all("<tools>" in prompt for prompt in rollout.calls[0])  # the calculator's schema
+
+
+def _chunks(n: int, size: int) -> list[int]:
+    return [min(size, n - start) for start in range(0, n, size)]
