@@ -140,10 +140,9 @@ class AgenticModelCall:
         episode.turns += 1
         if env is not None:
             sampled = started  # tunix's stamp, where the rollout reports no versions
-            if self._ours:
-                sampled = int(rollout.policy_version) - self._version_offset
-            if self._ours and len(out.tokens[0]):
-                sampled = int(out.versions[0][0]) - self._version_offset
+            if self._ours:  # the version of the first token, or the rollout's for none
+                first = out.versions[0][0] if len(out.tokens[0]) else rollout.policy_version
+                sampled = int(first) - self._version_offset
             oldest = episode.oldest_version
             episode.oldest_version = sampled if oldest is None else min(oldest, sampled)
             env.task["policy_version"] = episode.oldest_version
@@ -160,7 +159,8 @@ def serve_agentic(
     learner: Any, cluster: Any, token_in: bool = True, turn_tokens: int | None = None
 ) -> AgenticModelCall:
     """Makes `learner` (tunix's `AgenticGRPOLearner`, built on `cluster` whose rollout is our
-    `SglangJaxRollout`) call our rollout through `AgenticModelCall`; call it before `train`.
+    `SglangJaxRollout`, or with `token_in=False` tunix's vanilla one) call the rollout through
+    `AgenticModelCall`; call it before `train`.
 
     Where the rollout samples with the actor's own weights (tunix's vanilla rollout on the
     actor's mesh: the learner's `should_sync_weights` is False), tunix's agentic learner never
