@@ -65,30 +65,35 @@ def prompt_tokens(config: Any) -> int:
     return first if config.tools is None else first + TOOL_SCHEMA_TOKENS + episode_tokens(config)
 
 
-def tool_map(config: Any) -> dict[str, Any]:
+def _tools() -> dict[str, Any]:
+    """The tool map of `tools="calculator"` episodes (tunix's `ToolAgent` / `ToolEnvironment`)."""
     from sgl_jax_rollout import tunix_compat
 
-    return {"calculator": tunix_compat.CalculatorTool} if config.tools else {}
+    return {"calculator": tunix_compat.CalculatorTool}
+
+
+def _answer_reward(task: dict[str, Any], action: str) -> float:
+    """A tool episode's reward (`ToolEnvironment`'s `reward_fn`): 1.0 when the final answer's
+    last integer is the task's answer."""
+    from sgl_jax_rollout_apps.tasks import is_correct
+
+    return float(is_correct(action, str(task["answer"])))
 
 
 def learner(config: Any, cluster: Any, reward: Any) -> Any:
     """tunix's `AgenticGRPOLearner` on `cluster`, its model call ours (`serve_agentic`)."""
     from sgl_jax_rollout import tunix_compat as tc
-    from sgl_jax_rollout_apps.tasks import is_correct, task
+    from sgl_jax_rollout_apps.tasks import task
     from tunix_adapter.agentic import ScalarTaskEnvironment, ScalarToolEnvironment, serve_agentic
 
     system = task(config.task).system if config.task else ""
     if config.tools:
-        tools = tool_map(config)
-
-        def answer_reward(task: dict[str, Any], action: str) -> float:
-            return float(is_correct(action, str(task["answer"])))
-
+        tools = _tools()
         episodes: dict[str, Any] = dict(
             agent_class=tc.ToolAgent,
             agent_kwargs={"tool_map": tools},
             env_class=ScalarToolEnvironment,
-            env_kwargs={"tool_map": tools, "reward_fn": answer_reward, "max_steps": TOOL_STEPS},
+            env_kwargs={"tool_map": tools, "reward_fn": _answer_reward, "max_steps": TOOL_STEPS},
             reward_fns=None,  # the environment's reward (tunix adds it to reward_fns')
         )
     else:
@@ -157,10 +162,10 @@ def tool_accuracy(
     turn's prompt the chat rendered as text: {"accuracy": share of episodes whose final answer
     is right, "tool_call_share": share that called the tool}."""
     from sgl_jax_rollout import tunix_compat as tc
-    from sgl_jax_rollout_apps.tasks import is_correct, task
+    from sgl_jax_rollout_apps.tasks import task
     from tunix_adapter.agentic import ScalarToolEnvironment
 
-    tools = {"calculator": tc.CalculatorTool}
+    tools = _tools()
     parser = tc.QwenChatTemplateParser(tokenizer)
     greedy = dataclasses.replace(config, top_p=None, top_k=None, max_tokens_to_generate=turn_tokens)
     episodes = []
@@ -169,7 +174,7 @@ def tool_accuracy(
         env = ScalarToolEnvironment(
             {"prompts": question, "answer": answer},
             tool_map=tools,
-            reward_fn=lambda task, action: float(is_correct(action, str(task["answer"]))),
+            reward_fn=_answer_reward,
             max_steps=TOOL_STEPS,
         )
         observation, info = env.reset()

@@ -60,7 +60,7 @@ class TaskRun:
         self._eval_questions = [p.question for p in held_out]
         self._eval_answers = [p.answer for p in held_out]
         # the agentic learner renders its chats itself, and samples while the trainer updates
-        self._agentic = getattr(config, "learner", "default") == "agentic"
+        self._agentic = config.learner == "agentic"
         self._phases = {k: v for k, v in PHASES.items() if not (self._agentic and k == "rollout_s")}
         self._tokenizer = tokenizer
         self._train = self.task.stream(config.seed, exclude=held_out)
@@ -120,7 +120,7 @@ class TaskRun:
     def _evaluate(self, step: int) -> None:
         start = time.perf_counter()
         rows = self.config.prompts_per_step * self.config.num_generations
-        if getattr(self.config, "tools", None):  # whole tool episodes, greedy
+        if self.config.tools:  # whole tool episodes, greedy
             from sgl_jax_rollout_apps.agentic_demo import tool_accuracy
 
             scores = tool_accuracy(
