@@ -10,7 +10,13 @@ copies share one prefill, as GRPO's do):
    engine: at 90% of them, a token whose trainer logprob is within the bfloat16 tolerance of
    the argmax's counting as agreeing: such near-ties are decided by rounding);
 2. logprob fidelity at temperature 1 and 0.7: the engine's processed logprobs of its own
-   samples against tunix's trainer-side `compute_per_token_logps`;
+   samples against tunix's trainer-side `compute_per_token_logps`. Where the model's
+   vocabulary is longer than its tokenizer, the engine never samples the ids past it and its
+   logprobs are over the tokenizer's ids: the trainer's are renormalised the same way here,
+   and one more row gives what that renormalisation adds at worst (`-log(1 - m)`, `m` the
+   trainer's mass on those ids), a gap between rollout and trainer logprobs in training that
+   no engine fix closes (tiny on a trained checkpoint; large on random weights whose tokenizer
+   is a fraction of the vocabulary, as the Qwen3-0.6B-size benchmark model's);
 3. weight sync: after `update_params` with perturbed trainer weights (or perturbed LoRA
    adapters, as tunix syncs them), fidelity at temperature 1 again;
 4. alignment: one logprob and one entropy per token, a stop (EOS) token only at the end,

@@ -34,12 +34,14 @@ class CheckConfig:
 def room(config: CheckConfig) -> tuple[int, int, int]:
     """(context length, prefill tokens, batch size), powers of two, that hold every prompt of
     up to `prompt_tokens` with its completion, and every row: all prompts in one prefill, then
-    a token for each of their copies (the engine prefills a group's prompt once)."""
+    a token for each of their copies (the engine prefills a group's prompt once); the prefill
+    at least the context, as `EngineSettings` asks."""
     longest = config.prompt_tokens + 16 + config.max_tokens
     rows = config.prompts * config.samples
+    context = 1 << (longest + 63).bit_length()
     return (
-        1 << (longest + 63).bit_length(),
-        1 << (config.prompts * longest + rows - 1).bit_length(),
+        context,
+        max(context, 1 << (config.prompts * longest + rows - 1).bit_length()),
         1 << (rows - 1).bit_length(),
     )
 

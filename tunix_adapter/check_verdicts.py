@@ -60,16 +60,26 @@ def verdicts(
         f"{len(ids)} prompts of {'/'.join(str(len(i)) for i in ids)} tokens x {config.samples}"
     )
 
+    valid = valid_ids(rollout)
+    padded_gaps = []  # per sampled check: the trainer's largest log-mass on never-sampled ids
+
     def fidelity(temperature: float) -> float:
         say(f"sampling and scoring at T={temperature:g} ({rows_of}, {config.max_tokens} new)")
         out = rollout.generate(prompts, rollout_config(config, temperature), n=config.samples)
         outputs.append(out)
-        reference = trainer_logps(rollout, trainer, out, temperature, replay)
+        ends = [before_pad(t, pad) for t in out.tokens]
+        if valid is None:
+            reference = trainer_logps(rollout, trainer, out, temperature, replay)
+        else:  # the engine samples from the tokenizer's ids: renormalise the trainer there
+            reference, logits = trainer_scores(rollout, trainer, out, temperature, replay)
+            gap = padded_log_mass(logits, valid)
+            reference = reference + gap
+            padded_gaps.append(
+                max(float(g[:k].max(initial=0.0)) for g, k in zip(gap, ends, strict=True))
+            )
         return max(
             float(np.abs(np.asarray(lp)[:k] - reference[i, :k]).max(initial=0.0))
-            for i, (lp, k) in enumerate(
-                (lp, before_pad(t, pad)) for lp, t in zip(out.logprobs, out.tokens, strict=True)
-            )
+            for i, (lp, k) in enumerate(zip(out.logprobs, ends, strict=True))
         )
 
     say(f"greedy tokens against the trainer's argmax ({rows_of}, {config.max_tokens} new)")
@@ -79,6 +89,7 @@ def verdicts(
     outputs.append(greedy)
     _, logits = trainer_scores(rollout, trainer, greedy, 1.0, replay)
     near_tie = 0.0 if tolerance == F32_TOLERANCE else tolerance
+    logits = logits if valid is None else logits[..., :valid]
     agree = [
         _greedy_agrees(np.asarray(t)[:k], logits[i, :k], near_tie)
         for i, (t, k) in enumerate((t, before_pad(t, pad)) for t in greedy.tokens)
@@ -124,6 +135,16 @@ def verdicts(
     rows.append(
         Verdict(f"after update_params (perturbed {what}), T=1.0", diff, limit, diff <= tolerance)
     )
+    if valid is not None:
+        gap = max(padded_gaps)
+        rows.append(
+            Verdict(
+                f"trainer's log-mass on {_vocab(rollout) - valid} ids past the tokenizer",
+                gap,
+                limit,
+                gap <= tolerance,
+            )
+        )
 
     eos = rollout.eos_id()
     misaligned = sum(
@@ -156,6 +177,30 @@ def verdicts(
         pad_row,
     ]
     return rows
+
+
+def valid_ids(rollout) -> int | None:
+    """The tokenizer's length where the model's vocabulary is longer (the engine never samples
+    the ids past it: `SamplerConfig.valid_vocab_size`), else None."""
+    length = len(rollout.engine.tokenizer)
+    return length if length < _vocab(rollout) else None
+
+
+def padded_log_mass(logits: np.ndarray, valid: int) -> np.ndarray:
+    """`-log(1 - m)` per position `[B, L]`, `m` the probability the trainer's (temperature-
+    scaled) logits `[B, L, V]` put on ids `>= valid`: what the trainer's logprob of any id below
+    `valid` lacks against the engine's, which renormalises over those ids."""
+
+    def logsumexp(z: np.ndarray) -> np.ndarray:
+        top = z.max(-1, keepdims=True)
+        return top[..., 0] + np.log(np.exp(z - top).sum(-1))
+
+    z = logits.astype(np.float64)
+    return logsumexp(z) - logsumexp(z[..., :valid])
+
+
+def _vocab(rollout) -> int:
+    return int(rollout.engine.vocab_size)
 
 
 def pad_in_prompts(prompt_ids: list[list[int]], pad: int, token: str | None) -> Verdict:
