@@ -4,10 +4,13 @@ Owns the call, in order: the paused groups resumed first (oldest first, less tho
 `max_staleness` versions), the new prompts' groups after them; with `accept`, the groups
 already complete judged at once (`_Verdicts`); the engine asked to continue every unfinished
 sample until enough groups are complete (early stop, keeping what the aborted samples had
-sampled), with `accept` judging each group as it finishes; then the kept groups assembled and
-the groups not needed paused again (those `accept` refused are dropped, those complete but not
-judged yet paused, to be judged first next call). Also the refusals partial rollouts put on
-the rollout's options (`check_partial`) and on a call's options (`check_partial_options`).
+sampled; never more groups than are unfinished, so a call whose groups `accept` refused
+returns fewer than it was asked for, as slime's rounds do), with `accept` judging each group
+as it finishes; then the kept groups assembled and the groups not needed paused again (those
+`accept` refused are dropped, those complete but not judged yet paused, to be judged first
+next call). A call that fails pauses its resumed groups again, less those refused. Also the
+refusals partial rollouts put on the rollout's options (`check_partial`) and on a call's
+options (`check_partial_options`).
 
 Must not keep state: the paused groups and the policy version are the rollout's, passed in at
 each call; the bookkeeping (`Member`, `Group`, `PausedGroups`, `StopRule`) is `partial`'s.
@@ -73,21 +76,28 @@ def generate_groups(
     verdicts = None
     if request.accept is not None:
         verdicts = _Verdicts(request.accept, tokenizer, held)
-        for group in (g for g in groups if g.complete):
-            verdicts(group, [m.tokens for m in group.members])
-    refused = set() if verdicts is None else verdicts.refused
-    ready = sum(g.complete and g not in refused for g in groups)
-    if ready < groups_needed:
-        running = [(g, m) for g in groups if not g.complete for m in g.members if not m.done]
-        try:
+    try:
+        if verdicts is not None:  # the paused groups that finished unjudged, judged first
+            for group in (g for g in groups if g.complete):
+                verdicts(group, [m.tokens for m in group.members])
+        refused = set() if verdicts is None else verdicts.refused
+        ready = sum(g.complete and g not in refused for g in groups)
+        # a round takes what it can: refused groups may leave fewer to finish than it needs
+        unfinished = sum(not g.complete for g in groups)
+        if ready < groups_needed and unfinished:
+            running = [(g, m) for g in groups if not g.complete for m in g.members if not m.done]
+            need = min(groups_needed - ready, unfinished)
+            pad = tokenizer.pad_id()
             completions = _continue(
-                policy, running, call, rollout_config, stop_rule, groups_needed - ready, verdicts
+                policy, running, call, rollout_config, stop_rule, need, verdicts, pad
             )
-        except BaseException:
-            paused.pause(resumed)  # nothing paused is lost when a call fails
-            raise
-        for (_, member), done in zip(running, completions, strict=True):
-            member.extend(done, done.weights_version, call.limit, stop_rule)
+            for (_, member), done in zip(running, completions, strict=True):
+                member.extend(done, done.weights_version, call.limit, stop_rule)
+    except BaseException:
+        # nothing paused is lost when a call fails; a group `accept` refused stays dropped
+        refused = set() if verdicts is None else verdicts.refused
+        paused.pause([g for g in resumed if g not in refused])
+        raise
     complete = [g for g in groups if g.complete] if verdicts is None else verdicts.accepted
     kept = complete[:groups_needed]
     paused.pause([g for g in groups if g not in kept and g not in refused])
@@ -141,17 +151,21 @@ def _continue(
     stop_rule: StopRule,
     need_groups: int,
     verdicts: _Verdicts | None,
+    pad: int,
 ) -> list[Any]:
     """The engine's completion of each `running` sample (a group's adjacent), continued from
     its tokens so far until `need_groups` more groups are complete; the others aborted, with
     what they sampled. `verdicts` judges each group as it finishes, by the tokens the
-    completions would leave it with."""
+    completions would leave it with (cut after a sampled `pad`, as `RequestPolicy.sample`
+    cuts what it returns)."""
     asks = [m.request(g.prompt, call.limit) for g, m in running]
     ids = {g: k for k, g in enumerate(dict.fromkeys(g for g, _ in running))}
     order = list(ids)
 
     def judge(index: int, done: list[Any]) -> bool:
         group = order[index]
+        # judged as trained: a completion that sampled the pad ends there (`sample` cuts it)
+        done = [inputs.cut_at_pad(c, pad) for c in done]
         new = dict(zip([m for g, m in running if g is group], done, strict=True))
         tokens = [m.preview(new[m], stop_rule) if m in new else m.tokens for m in group.members]
         return verdicts(group, tokens)

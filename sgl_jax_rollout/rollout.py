@@ -137,7 +137,10 @@ class SglangJaxRollout(RolloutMemory, BaseRollout):
         and returns as soon as `groups_needed` groups have all their samples finished; every
         other sample is aborted (its KV freed, nothing of it returned). With `accept` (slime's
         dynamic sampling), a finished group counts only when `accept(key, its texts)` is true,
-        asked as groups finish while the engine goes on; a refused group is dropped. slime's
+        asked as groups finish while the engine goes on; a refused group is dropped, and a
+        call whose groups are refused returns fewer than `groups_needed` (slime sends more
+        prompts then: so does `GroupSampler`; the texts judged are those returned, cut after a
+        sampled pad id). slime's
         `--over-sampling-batch-size` is `len(prompts)`, its `--rollout-batch-size`
         `groups_needed`. Returns the kept groups' output (prompt order, a group's samples
         adjacent, as `generate` lays them out) and the kept groups' keys: `keys[i]` names

@@ -95,8 +95,12 @@ def sample_groups(
     judge = None
     if accept is not None:
         held = set(policy.stop_rules(call.options, rollout_config)[1])
+        pad = tokenizer.pad_id()
 
         def judge(group: int, done: list[Any]) -> bool:
+            # the texts as trained: a completion that sampled the pad ends there, as
+            # `RequestPolicy.sample` cuts what it returns
+            done = [inputs.cut_at_pad(c, pad) for c in done]
             return accept(group, [completion_text(tokenizer, c.tokens, held) for c in done])
 
     completions, hold_back = policy.sample(

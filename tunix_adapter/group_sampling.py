@@ -260,11 +260,13 @@ class GroupSampler:
             if self._paused_keys is not None:
                 self._paused = lookup
                 self._held_paused()
-            if judged:
+            rewards = values = None  # none where the filter refused every group of the round
+            if keys and judged:
                 rewards = concat_rewards([(scored[k], np.arange(self.n)) for k in keys])
-            else:
+            elif keys:
                 rewards = self._score(groups, output)
-            values = self._metric_values(rewards)
+            if keys:
+                values = self._metric_values(rewards)
             for i, group in enumerate(groups):
                 rows = np.arange(i * self.n, (i + 1) * self.n)
                 if self.filter_rule is not None and not keeps_group(values[rows], self.filter_rule):

@@ -5,6 +5,7 @@ partial rollouts (`partial_rollout`)."""
 from __future__ import annotations
 
 import itertools
+import zlib
 
 import jax
 import jax.numpy as jnp
@@ -359,3 +360,116 @@ def test_accept_judges_each_group_as_it_finishes_and_drops_the_refused(rollout, 
         assert sorted(kept) == ["w", "y", "z"] and rollout.paused_groups == 0
     finally:
         rollout._paused.clear()
+
+
+def test_group_sampler_goes_on_when_groups_paused_unjudged_are_refused(rollout, monkeypatch):
+    """The review's reproduction (issue 81, point 1) through `GroupSampler` with slime's
+    timing: a round stops when the group it needs passed, and a group that finished in the same
+    step is paused unjudged; the next call judges it first and it is refused, leaving fewer
+    unfinished groups than the call was asked for. That call used to raise `need_groups must
+    be an integer in [1, N]` (and every later one with it); now it returns what it can and the
+    sampler sends more. Every sample runs its full 4 tokens (`ignore_eos`), so the groups of a
+    round finish in the same step. The refused group counts once as filtered."""
+    from tunix_adapter.group_sampling import GroupSampler
+
+    cfg = config(max_tokens_to_generate=4, seed=5)
+    data = iter([{"prompts": [f"keep {c}", f"refuse {c}"]} for c in "cdefghij"])
+
+    def score(groups, output):
+        rewards = []
+        for g, group in enumerate(groups):
+            texts = output.text[2 * g : 2 * g + 2]
+            refused = group.prompt.startswith("refuse")
+            rewards += [1.0] * 2 if refused else [zlib.crc32(t.encode()) / 2**32 for t in texts]
+        return {"rewards": np.asarray(rewards), "log_metrics": {}}
+
+    monkeypatch.setattr(rollout, "_partial_rollout", True)
+    monkeypatch.setattr(rollout, "_paused", PausedGroups())
+    sampler = GroupSampler(
+        n=2,
+        filter_rule="slime",
+        metric="reward",
+        max_num_gen_batches=0,
+        over_sampling_batch_size=None,
+        generate=lambda prompts, keys, needed, accept=None: rollout.generate_groups(
+            prompts, cfg, needed, keys, n=2, accept=accept, ignore_eos=True
+        ),
+        score=score,
+        draw=lambda: next(data),
+        paused_keys=lambda: rollout.paused_keys,
+    )
+    try:
+        first = sampler.collect(sampler.split({"prompts": ["refuse a"] * 2 + ["keep b"] * 2}))
+        assert [g.prompt for g in first.groups] == ["keep b", "keep c"]
+        assert rollout.paused_keys and sampler._paused[rollout.paused_keys[0]].prompt == "refuse c"
+        second = sampler.collect(sampler.split({"prompts": ["keep x"] * 2 + ["keep y"] * 2}))
+        assert [g.prompt for g in second.groups] == ["keep x", "keep y"]
+        assert second.stats.groups_filtered == 1 and second.stats.num_gen_batches == 2
+        assert all(len(t) == 4 for t in second.output.tokens)
+    finally:
+        rollout._paused.clear()
+
+
+def test_a_failing_accept_loses_no_paused_group_and_a_refused_one_stays_dropped(
+    rollout, monkeypatch
+):
+    """Three groups paused complete and unjudged; the next call's `accept` refuses the first
+    and raises on the second: the call fails, the refused group is gone, the other two are still
+    paused (oldest first) and the next call judges them."""
+    cfg = config(max_tokens_to_generate=4, seed=5)
+    prompts = [f"paused {i}: the quick brown fox" for i in range(4)]
+    monkeypatch.setattr(rollout, "_partial_rollout", True)
+    monkeypatch.setattr(rollout, "_paused", PausedGroups())
+    try:
+        rollout.generate_groups(prompts, cfg, 1, list("abcd"), n=2, ignore_eos=True)
+        paused = rollout.paused_keys
+        assert len(paused) == 3
+
+        def accept(key, texts):
+            if key == paused[1]:
+                raise RuntimeError("reward server down")
+            return key != paused[0]
+
+        with pytest.raises(RuntimeError, match="reward server down"):
+            rollout.generate_groups([], cfg, 2, [], accept=accept, ignore_eos=True)
+        assert rollout.paused_keys == paused[1:]
+        out, kept = rollout.generate_groups(
+            [], cfg, 2, [], accept=lambda key, texts: True, ignore_eos=True
+        )
+        assert kept == paused[1:] and rollout.paused_groups == 0
+    finally:
+        rollout._paused.clear()
+
+
+@pytest.mark.parametrize("partial", [False, True])
+def test_accept_judges_the_text_that_is_trained_cut_at_a_sampled_pad(rollout, monkeypatch, partial):
+    """With `ignore_eos`, a sampled pad id ends the trained row (tunix reads every pad as
+    padding): `accept` must see that row's text, not the uncut completion. The pad is made a
+    token greedy decoding samples at index 3 of the first prompt's completion (the rollout's
+    pad id switched on the session rollout; the engine is the real one)."""
+    cfg = config(max_tokens_to_generate=8, seed=5, temperature=0.0)
+    prompts = [f"trained text {i}: the quick brown fox" for i in range(3)]
+    free = [t.tolist() for t in rollout.generate(prompts, cfg, ignore_eos=True).tokens]
+    prompt_ids = {t for ids in rollout.prompt_token_ids(prompts, 32) for t in ids}
+    pad = free[0][3]
+    assert pad not in free[0][:3] and pad not in prompt_ids
+    monkeypatch.setattr(rollout._tokenizer, "pad_id", lambda: pad)
+    if partial:
+        monkeypatch.setattr(rollout, "_partial_rollout", True)
+        monkeypatch.setattr(rollout, "_paused", PausedGroups())
+    asked = {}
+
+    def accept(key, texts):
+        asked[key] = texts
+        return True
+
+    try:
+        out, kept = rollout.generate_groups(
+            prompts, cfg, 3, [0, 1, 2], accept=accept, ignore_eos=True
+        )
+    finally:
+        rollout._paused.clear()
+    assert out.tokens[kept.index(0)].tolist() == free[0][:4]  # cut after the pad
+    for row, key in enumerate(kept):
+        assert asked[key] == [out.text[row]]
+    assert asked[0] != [rollout.engine.tokenizer.decode(free[0])]

@@ -231,6 +231,18 @@ def test_slimes_timing_filters_each_group_as_it_finishes_and_stops_when_enough_p
         sampler(rollout, counted, stream([], 1), filter_timing="first")
 
 
+def test_a_round_whose_every_group_is_refused_is_followed_by_another():
+    """slime's timing: every group of the first round fails the filter, so the rollout returns
+    none; the sampler sends more instead of scoring an empty round."""
+    n = 2
+    table = {p: [1, 1] for p in "ab"} | {p: [0, 1] for p in "cd"}
+    rollout = FakeRollout(n)
+    s = sampler(rollout, reward_of(table), stream(list("cd"), 2), over_sampling_batch_size=2)
+    got = s.collect(s.split(batch(["a", "b"], n)))
+    assert [g.prompt for g in got.groups] == ["c", "d"]
+    assert (got.stats.num_gen_batches, got.stats.groups_filtered) == (2, 2)
+
+
 def test_partial_rollouts_keep_the_paused_groups_inputs_until_they_come_back():
     n = 2
     table = {p: [0, 1] for p in "abcdef"}
