@@ -91,6 +91,9 @@ SYMBOLS: dict[str, tuple[str, str]] = {
     "Gemma2MLP": ("models.gemma2", "Gemma2MLP"),
     "GemmaRMSNorm": ("layers.layernorm", "GemmaRMSNorm"),
     "RotaryEmbedding": ("layers.embeddings", "RotaryEmbedding"),
+    # the models' rotary embeddings, cached per process (patches/agreement.py: its rule must
+    # not be stored on them; tests build one through it)
+    "get_rope": ("layers.embeddings", "get_rope"),
     "Embed": ("layers.embeddings", "Embed"),
     "LogitsProcessor": ("layers.logits_processor", "LogitsProcessor"),
     "WeightMapping": ("utils.weight_utils", "WeightMapping"),

@@ -240,16 +240,19 @@ instead of raising.
 
 ## Trainer agreement (`agreement.py`): sgl-jax's numbers rounded as the trainer rounds them
 
-- `rope_phases`: wraps `layers.embeddings.RotaryEmbedding.__init__` and `_compute_cos_sin`
+- `rope_phases`: wraps `layers.embeddings.RotaryEmbedding._compute_cos_sin`
   (`layers/embeddings.py:251-255`: position times inverse frequencies computed in numpy): a
-  plain rotary embedding (the base class, or Gemma 3's linear scaling) built for an engine
-  whose `rope_phases` setting is "trainer" (the default) computes its phases as tunix's model of
+  plain rotary embedding (the base class, or Gemma 3's linear scaling) run by an engine whose
+  `rope_phases` setting is "trainer" (the default) computes its phases as tunix's model of
   the checkpoint's `model_type` does (`engine/rope_phases.py`: position divided by
   `base ** (2i / d)` evaluated by XLA; times its reciprocal for qwen2), bit for bit the
-  trainer's. Upstream's numpy frequencies differ in the last bit of about half the phases; on
-  Gemma 3 270M at 1,000-token prompts the rollout's logprobs were up to 1.6e-4 from the
-  trainer's with them, 9.6e-5 with the trainer's. Subclasses with frequencies of their own
-  (llama3 scaling, YaRN, Gemma 4's proportional RoPE) keep upstream's.
+  trainer's. The rule is the running engine's, read at each trace, never stored on the
+  embedding: sgl-jax's `get_rope` hands every engine of a process the same cached one
+  (`_ROPE_DICT`, `layers/embeddings.py:601-647`). Upstream's numpy frequencies differ in the
+  last bit of about half the phases; on Gemma 3 270M at 1,000-token prompts the rollout's
+  logprobs were up to 1.6e-4 from the trainer's with them, 9.6e-5 with the trainer's.
+  Subclasses with frequencies of their own (llama3 scaling, YaRN, Gemma 4's proportional
+  RoPE) keep upstream's.
 
 ## Models (`models.py`): architectures sgl-jax lacks, registered
 

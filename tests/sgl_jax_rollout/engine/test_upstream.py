@@ -76,7 +76,10 @@ def test_every_attribute_we_read_exists_on_live_engine_objects(rollout):
 
 def test_the_running_engines_rotary_embeddings_round_their_phases_as_tunix(rollout):
     """`EngineSettings.rope_phases` (default "trainer") reaches the model the engine built: every
-    layer's rotary embedding (the built-in Qwen3's plain RoPE) has tunix's qwen3 rule."""
+    layer's rotary embedding (the built-in Qwen3's plain RoPE) computes by tunix's qwen3 rule
+    while the engine runs."""
+    from sgl_jax_rollout.engine.patches.agreement import phase_rule
+
     runner = upstream.model_runner_of(upstream.scheduler_of(rollout.engine._engine))
-    rules = {layer.self_attn.rotary_emb.phase_rule for layer in runner.model.model.layers}
+    rules = {phase_rule(layer.self_attn.rotary_emb) for layer in runner.model.model.layers}
     assert rules == {"timescale"}

@@ -5,6 +5,8 @@ frequencies of its own stays upstream's. No engine starts."""
 
 from __future__ import annotations
 
+import contextlib
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -14,24 +16,41 @@ pytestmark = pytest.mark.engine  # needs sgl-jax importable (no engine is starte
 POSITIONS = jnp.arange(0, 2048, dtype=jnp.int32)
 
 
-def _built_under(rule: str):
-    from sgl_jax_rollout.engine import patches, upstream
+def _hooks(rule: str):
+    from sgl_jax_rollout.engine import patches
     from sgl_jax_rollout.engine.collector import Collector
-    from sgl_jax_rollout.engine.models.gemma3 import LinearScalingRotaryEmbedding
 
     patches.apply()
-    hooks = patches.EngineHooks(collector=Collector(), valid_vocab_size=None, rope_phases=rule)
+    return patches.EngineHooks(collector=Collector(), valid_vocab_size=None, rope_phases=rule)
+
+
+@contextlib.contextmanager
+def _engine(rule: str):
+    """An engine's hooks active, as while it builds and traces its model (none starts)."""
+    from sgl_jax_rollout.engine import patches
+
+    hooks = _hooks(rule)
     patches.activate(hooks, 0.0)
     try:
-        return (
-            upstream.get("RotaryEmbedding")(128, 128, 4096, 1_000_000, True, jnp.float32),
-            LinearScalingRotaryEmbedding(256, 256, 4096, 1_000_000, True, jnp.float32, 8.0),
-            upstream.get("Llama3RotaryEmbedding")(
-                64, 64, 4096, 500_000, True, jnp.float32, 32.0, 1.0, 4.0, 8192
-            ),
-        )
+        yield
     finally:
         patches.deactivate(hooks)
+
+
+def _embeddings():
+    """A plain, a linearly scaled (Gemma 3) and a llama3-scaled rotary embedding, the first
+    from sgl-jax's `get_rope`, which caches it for every later caller in the process."""
+    from sgl_jax_rollout.engine import upstream
+    from sgl_jax_rollout.engine.models.gemma3 import LinearScalingRotaryEmbedding
+
+    get_rope = upstream.get("get_rope")
+    return (
+        get_rope(128, 128, 4096, 1_000_000, is_neox_style=True, dtype=jnp.float32),
+        LinearScalingRotaryEmbedding(256, 256, 4096, 1_000_000, True, jnp.float32, 8.0),
+        upstream.get("Llama3RotaryEmbedding")(
+            64, 64, 4096, 500_000, True, jnp.float32, 32.0, 1.0, 4.0, 8192
+        ),
+    )
 
 
 def _upstream(rotary) -> tuple[np.ndarray, np.ndarray]:
@@ -40,29 +59,66 @@ def _upstream(rotary) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(jnp.cos(phase)), np.asarray(jnp.sin(phase))
 
 
-def test_rotary_embeddings_compute_their_phases_by_the_engines_rule():
+def _computed(rotary, monkeypatch) -> tuple[tuple[np.ndarray, np.ndarray], list[str]]:
+    """`rotary`'s phases and the rules `rope_phases.cos_sin` was asked for on the way.
+
+    Whether the two rules round differently depends on the CPU: on AMD EPYC, XLA's
+    `position / timescale` is bit for bit `position * inv_freq` (0 of 131,072 phases differ);
+    elsewhere over 1% of them did. So the rule asked for is checked too, which fails on any
+    CPU when the wiring breaks."""
     from sgl_jax_rollout.engine import rope_phases
 
-    plain, linear, llama3 = _built_under("timescale")
-    for rotary, scale in ((plain, 1.0), (linear, 8.0)):
-        # Whether the two rules round differently depends on the CPU: on AMD EPYC, XLA's
-        # `position / timescale` is bit for bit `position * inv_freq` (0 of 131,072 phases
-        # differ); elsewhere over 1% of them did. So the rule each embedding recorded is
-        # checked too, which fails on any CPU when the wiring breaks.
-        assert rotary.phase_rule == "timescale"
-        got = rotary._compute_cos_sin(POSITIONS)
-        want = rope_phases.cos_sin(POSITIONS, rotary.rotary_dim, rotary.base, "timescale", scale)
-        np.testing.assert_array_equal(got[0], want[0])
-        np.testing.assert_array_equal(got[1], want[1])
-    # llama3 scaling has frequencies of its own: upstream's phases, under any rule
-    assert getattr(llama3, "phase_rule", "inv_freq") == "inv_freq"
-    np.testing.assert_array_equal(llama3._compute_cos_sin(POSITIONS)[0], _upstream(llama3)[0])
+    asked = []
+    real = rope_phases.cos_sin
 
-    for rotary in _built_under("inv_freq"):
-        assert getattr(rotary, "phase_rule", "inv_freq") == "inv_freq"
-        got = rotary._compute_cos_sin(POSITIONS)
-        np.testing.assert_array_equal(got[0], _upstream(rotary)[0])
-        np.testing.assert_array_equal(got[1], _upstream(rotary)[1])
+    def spy(positions, rotary_dim, base, rule, scaling_factor=1.0):
+        asked.append(rule)
+        return real(positions, rotary_dim, base, rule, scaling_factor)
+
+    monkeypatch.setattr(rope_phases, "cos_sin", spy)
+    got = rotary._compute_cos_sin(POSITIONS)
+    monkeypatch.setattr(rope_phases, "cos_sin", real)
+    return (np.asarray(got[0]), np.asarray(got[1])), asked
+
+
+def test_rotary_embeddings_compute_their_phases_by_the_running_engines_rule(monkeypatch):
+    from sgl_jax_rollout.engine import rope_phases
+
+    with _engine("timescale"):
+        plain, linear, llama3 = _embeddings()
+        for rotary, scale in ((plain, 1.0), (linear, 8.0)):
+            got, asked = _computed(rotary, monkeypatch)
+            assert asked == ["timescale"]
+            want = rope_phases.cos_sin(
+                POSITIONS, rotary.rotary_dim, rotary.base, "timescale", scale
+            )
+            np.testing.assert_array_equal(got[0], want[0])
+            np.testing.assert_array_equal(got[1], want[1])
+        # llama3 scaling has frequencies of its own: upstream's phases, under any rule
+        got, asked = _computed(llama3, monkeypatch)
+        assert asked == [] and np.array_equal(got[0], _upstream(llama3)[0])
+
+    with _engine("inv_freq"):
+        for rotary in _embeddings():
+            got, asked = _computed(rotary, monkeypatch)
+            assert asked == []
+            np.testing.assert_array_equal(got[0], _upstream(rotary)[0])
+            np.testing.assert_array_equal(got[1], _upstream(rotary)[1])
+
+
+def test_two_engines_of_one_process_each_compute_with_their_own_rule(monkeypatch):
+    """sgl-jax's `get_rope` hands the second engine the embedding it cached for the first (or
+    for a caller outside any engine): the rule must be the engine's that runs it, whatever
+    was active when the embedding was built (it was stored on the embedding, and leaked)."""
+    outside = _embeddings()[0]  # built with no engine active
+    for rule in ("inverse_timescale", "inv_freq", "timescale"):
+        with _engine(rule):
+            plain = _embeddings()[0]
+            assert plain is outside  # the cached one
+            _, asked = _computed(plain, monkeypatch)
+            assert asked == ([] if rule == "inv_freq" else [rule])
+    _, asked = _computed(outside, monkeypatch)
+    assert asked == []  # no engine running: upstream's
 
 
 def test_the_setting_is_refused_by_name_and_resolved_per_model_type():
