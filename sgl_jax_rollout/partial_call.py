@@ -75,7 +75,7 @@ def generate_groups(
     held = set(stop_rule.ids)  # the held-back stop ids (none with ignore_eos)
     verdicts = None
     if request.accept is not None:
-        verdicts = _Verdicts(request.accept, tokenizer, held)
+        verdicts = _Verdicts(request.accept, tokenizer, held, call.options.trimmed_stops)
     try:
         if verdicts is not None:  # the paused groups that finished unjudged, judged first
             for group in (g for g in groups if g.complete):
@@ -113,14 +113,19 @@ class _Verdicts:
     refused."""
 
     def __init__(
-        self, accept: Callable[[Any, list[str]], bool], tokenizer: Any, stops: set[int]
+        self,
+        accept: Callable[[Any, list[str]], bool],
+        tokenizer: Any,
+        stops: set[int],
+        trimmed: tuple[str, ...],
     ) -> None:
         self._accept, self._tokenizer, self._stops = accept, tokenizer, stops
+        self._trimmed = trimmed
         self.accepted: list[Group] = []
         self.refused: set[Group] = set()
 
     def __call__(self, group: Group, tokens: list[list[int]]) -> bool:
-        texts = [completion_text(self._tokenizer, t, self._stops) for t in tokens]
+        texts = [completion_text(self._tokenizer, t, self._stops, self._trimmed) for t in tokens]
         ok = bool(self._accept(group.key, texts))
         if ok:
             self.accepted.append(group)

@@ -101,7 +101,10 @@ def sample_groups(
             # the texts as trained: a completion that sampled the pad ends there, as
             # `RequestPolicy.sample` cuts what it returns
             done = [inputs.cut_at_pad(c, pad) for c in done]
-            return accept(group, [completion_text(tokenizer, c.tokens, held) for c in done])
+            trimmed = call.options.trimmed_stops
+            return accept(
+                group, [completion_text(tokenizer, c.tokens, held, trimmed) for c in done]
+            )
 
     completions, hold_back = policy.sample(
         rows,

@@ -4,7 +4,8 @@ Owns the output type (tunix's `RolloutOutput` plus entropy, routed experts and, 
 rollouts, versions) and `assemble`, which fills it from a call's samples: the engine's
 completions (`generate`, and `generate_groups` without partial rollouts) or a partial
 rollout's kept samples (`partial.Member`). Rows align as docs/design.md section 4 says; the text
-leaves out the held-back stop ids (`completion_text`).
+leaves out the held-back stop ids and ends before a matched stop string unless the call keeps
+it (`completion_text`).
 
 Must not ask the engine anything: the calls (`rollout_call`, `partial_call`) sample, this
 module only lays out what they got.
@@ -41,9 +42,17 @@ class RolloutOutputWithEntropy(RolloutOutput):
     versions: list[np.ndarray] | None = None
 
 
-def completion_text(tokenizer: Any, tokens: Sequence[int], stops: set[int]) -> str:
-    """A completion's text: its tokens decoded, the held-back stop ids left out."""
-    return tokenizer.decode([t for t in tokens if t not in stops])
+def completion_text(
+    tokenizer: Any, tokens: Sequence[int], stops: set[int], trimmed: Sequence[str] = ()
+) -> str:
+    """A completion's text: its tokens decoded, the held-back stop ids left out, ended before
+    the first of the `trimmed` stop strings it holds (as sgl-jax's detokenizer trims a matched
+    stop string, `DetokenizerManager.trim_matched_stop`, `detokenizer_manager.py:101-117` at
+    cddbf6f1; SGLang and vLLM do the same by default). A completion holds a stop string only
+    where it ended there: the engine stops at the first it matches."""
+    text = tokenizer.decode([t for t in tokens if t not in stops])
+    ends = [i for i in (text.find(s) for s in trimmed) if i >= 0]
+    return text[: min(ends)] if ends else text
 
 
 def assemble(
@@ -66,7 +75,7 @@ def assemble(
         extra = _routing(samples, [len(r) for r in rows])
         extra["versions"] = [np.full(len(s.tokens), s.weights_version, np.int32) for s in samples]
     return RolloutOutputWithEntropy(
-        text=[completion_text(tokenizer, s.tokens, stops) for s in samples],
+        text=[completion_text(tokenizer, s.tokens, stops, options.trimmed_stops) for s in samples],
         logits=None,
         tokens=[np.asarray(s.tokens, np.int32) for s in samples],
         left_padded_prompt_tokens=inputs.left_pad(rows, max_prompt, tokenizer.pad_id()),

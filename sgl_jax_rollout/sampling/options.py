@@ -34,6 +34,10 @@ class SamplingOptions:
     frequency_penalty, presence_penalty: OpenAI convention over output tokens (0 disables).
     min_new_tokens: stop tokens are impossible until this many tokens were generated.
     stop, stop_token_ids, ignore_eos: stop conditions (applied by the engine).
+    no_stop_trim (SGLang's and sgl-jax's name), include_stop_str_in_output (vLLM's): either
+        True keeps a matched stop string in the output text; by default (both False, as in
+        both peers) the text ends before it. Tokens, logprobs and entropy always keep every
+        sampled token.
     seed: per-request seed; the same seed gives the same tokens whatever else is batched.
     logprobs_mode: "processed" (the behaviour policy's probability) or "raw" (model logits).
     entropy_source: entropy of the "raw" (pre-penalty, pre-temperature) or "processed"
@@ -55,6 +59,8 @@ class SamplingOptions:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    no_stop_trim: bool = False
+    include_stop_str_in_output: bool = False
     seed: int | None = None
     logprobs_mode: str = "processed"
     entropy_source: str = "raw"
@@ -80,6 +86,8 @@ class SamplingOptions:
         _check_float("presence_penalty", self.presence_penalty, *ADDITIVE_PENALTY_RANGE)
         _check_int("min_new_tokens", self.min_new_tokens, low=0)
         _check_bool("ignore_eos", self.ignore_eos)
+        _check_bool("no_stop_trim", self.no_stop_trim)
+        _check_bool("include_stop_str_in_output", self.include_stop_str_in_output)
         if self.seed is not None:
             _check_int("seed", self.seed, low=0, high=2**63 - 1)
         _check_choice("logprobs_mode", self.logprobs_mode, LOGPROBS_MODES)
@@ -92,6 +100,12 @@ class SamplingOptions:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def trimmed_stops(self) -> tuple[str, ...]:
+        """The stop strings the output text ends before (none with `no_stop_trim` or
+        `include_stop_str_in_output`)."""
+        return () if self.no_stop_trim or self.include_stop_str_in_output else self.stop
 
     def replace(self, **overrides: Any) -> SamplingOptions:
         """A copy with `overrides` applied; unknown names raise `ValueError`."""

@@ -276,6 +276,26 @@ def test_stop_token_is_kept_with_one_value_per_token(rollout):
     assert len(out.logprobs[0]) == len(out.entropy[0]) == len(tokens)
 
 
+def test_a_matched_stop_string_leaves_the_text_unless_the_call_keeps_it(rollout):
+    """As sgl-jax's detokenizer, SGLang (`no_stop_trim`) and vLLM
+    (`include_stop_str_in_output`) by default: the text ends before the stop string it matched;
+    the tokens, logprobs and entropy keep every sampled token; either peer's option keeps it."""
+    cfg = config(temperature=0.0, max_tokens_to_generate=16)
+    free = rollout.generate(PROMPTS[:1], cfg).tokens[0].tolist()
+    tokenizer = rollout.engine.tokenizer
+    stop = tokenizer.decode(free[4:7])
+    assert stop.strip() and stop not in tokenizer.decode(free[:6])
+    trimmed = rollout.generate(PROMPTS[:1], cfg, stop=[stop])
+    tokens = trimmed.tokens[0].tolist()
+    assert tokens == free[: len(tokens)] and len(tokens) >= 7
+    full = tokenizer.decode(tokens)
+    assert stop in full and trimmed.text[0] == full[: full.find(stop)]
+    assert len(trimmed.logprobs[0]) == len(tokens)
+    for keep in (dict(no_stop_trim=True), dict(include_stop_str_in_output=True)):
+        kept = rollout.generate(PROMPTS[:1], cfg, stop=[stop], **keep)
+        assert kept.tokens[0].tolist() == tokens and kept.text[0] == full
+
+
 def test_changing_sampling_settings_does_not_recompile(rollout):
     settings = [
         dict(temperature=0.5, top_k=5),

@@ -38,6 +38,8 @@ BAD = [
     ("stop_token_ids", [1, -2], "stop_token_ids must hold integer token ids >= 0"),
     ("stop", [""], "stop must hold non-empty strings"),
     ("ignore_eos", 1, "ignore_eos must be True or False"),
+    ("no_stop_trim", "yes", "no_stop_trim must be True or False"),
+    ("include_stop_str_in_output", 0, "include_stop_str_in_output must be True or False"),
 ]
 
 
