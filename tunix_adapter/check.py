@@ -53,6 +53,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from sgl_jax_rollout.engine import rope_phases
 from tunix_adapter.check_config import CheckConfig, room
 from tunix_adapter.check_prompts import CHAT_OPENING, SENTENCE
 from tunix_adapter.check_table import Verdict, table
@@ -86,6 +87,8 @@ def run(config: CheckConfig, progress: Callable[[str], None] | None = None) -> l
     say(f"loading the trainer model and starting the engine for {config.model_path}")
     trainer, rollout, lora = _build(config)
     say(f"ready after {time.perf_counter() - started:.0f} s")
+    engine = rollout.engine
+    say(f"RoPE phases: {rope_phases.described(engine.model_type, engine.settings.rope_phases)}")
     try:
         return verdicts(config, rollout, trainer, lora, progress)
     finally:

@@ -1,7 +1,9 @@
 """RoPE phases rounded the way a trainer rounds them.
 
 Owns `TRAINER_RULES` / `trainer_rule` (which of the rules below tunix's model for a
-config.json `model_type` uses) and `cos_sin` (a rotary embedding's cos and sin under a rule).
+config.json `model_type` uses: upstream's where tunix has no model for it, `TUNIX_MODEL_TYPES`),
+`described` (the rule an engine applies, in words, for `check`) and `cos_sin` (a rotary
+embedding's cos and sin under a rule).
 Nothing here imports sgl-jax or this project.
 
 The phase of position p at frequency i is p * base ** (-2i / d). Peers round it three ways in
@@ -31,11 +33,32 @@ from jaxtyping import Array, Float, Int
 # `models/qwen2/model.py` `_generate_pos_embeddings`); every other tunix model divides by the
 # timescale (`models/{gemma,gemma3,llama3,qwen3}/model.py` `apply_rope`).
 TRAINER_RULES = {"qwen2": "inverse_timescale"}
+# The config.json model_types tunix has a model for (`tunix_adapter/models.py` loads these; a
+# test keeps the two lists equal). Elsewhere (phi3, mistral, internlm3, ...) there is no
+# trainer's rounding to follow: "trainer" keeps upstream's.
+TUNIX_MODEL_TYPES = frozenset(
+    {"qwen2", "qwen3", "qwen3_moe", "llama", "gemma2", "gemma3", "gemma3_text", "gemma4"}
+)
 
 
 def trainer_rule(model_type: str) -> str:
-    """The rule tunix's model for `model_type` computes its phases with."""
+    """The rule tunix's model for `model_type` computes its phases with; upstream's
+    ("inv_freq") where tunix has no model for it."""
+    if model_type not in TUNIX_MODEL_TYPES:
+        return "inv_freq"
     return TRAINER_RULES.get(model_type, "timescale")
+
+
+def described(model_type: str, setting: str) -> str:
+    """The phases an engine with `EngineSettings.rope_phases == setting` computes for a
+    checkpoint of `model_type`, in words (RoPE with frequencies of its own, as llama3 scaling,
+    is upstream's under both)."""
+    if setting != "trainer":
+        return "sgl-jax's (rope_phases='sgl-jax')"
+    rule = trainer_rule(model_type)
+    if rule == "inv_freq":
+        return f"sgl-jax's (tunix has no {model_type!r} model: no trainer's rounding to follow)"
+    return f"tunix's {model_type} model's ({rule.replace('_', ' ')})"
 
 
 def cos_sin(

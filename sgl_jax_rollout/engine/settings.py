@@ -82,7 +82,8 @@ class EngineSettings:
     `rope_phases` (default "trainer"): how the rotary phases are rounded in float32 (the
     `rope_phases` patch, `engine/rope_phases.py`). "trainer": as tunix's model of the
     checkpoint's `model_type` computes them (position divided by `base ** (2i / d)`, times its
-    reciprocal for qwen2), bit for bit the trainer's; "sgl-jax": upstream's (position times
+    reciprocal for qwen2), bit for bit the trainer's, where tunix has a model of that type
+    (upstream's elsewhere: `rope_phases.TUNIX_MODEL_TYPES`); "sgl-jax": upstream's (position times
     inverse frequencies computed in numpy, as transformers does). Both are the checkpoint's
     RoPE; they differ in the last bit of about half the phases, which on long contexts moves
     logprobs by up to 1e-4 (Gemma 3 270M). RoPE with frequencies of its own (llama3 scaling,

@@ -66,6 +66,18 @@ def test_inverse_timescale_phases_are_tunix_qwen2s_bit_for_bit():
     assert rope_phases.trainer_rule("qwen2") == "inverse_timescale"
     for model_type in ("qwen3", "qwen3_moe", "llama", "gemma2", "gemma3_text", "gemma3"):
         assert rope_phases.trainer_rule(model_type) == "timescale"
+    # no tunix model: no trainer's rounding, upstream's phases, and `check` says so
+    for model_type in ("phi3", "mistral", "internlm3"):
+        assert rope_phases.trainer_rule(model_type) == "inv_freq"
+        assert "tunix has no" in rope_phases.described(model_type, "trainer")
+    assert rope_phases.described("qwen2", "trainer") == "tunix's qwen2 model's (inverse timescale)"
+    assert rope_phases.described("qwen2", "sgl-jax").startswith("sgl-jax's")
+
+
+def test_the_model_types_with_a_trainer_rule_are_those_tunix_adapter_loads():
+    from tunix_adapter import models
+
+    assert {*models._TUNIX_MODELS, *models._GEMMA_TYPES} == rope_phases.TUNIX_MODEL_TYPES
 
 
 @pytest.mark.parametrize("rule", ["timescale", "inverse_timescale"])
