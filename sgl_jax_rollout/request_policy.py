@@ -101,18 +101,27 @@ class RequestPolicy:
         bos = inputs.bos_prefix(self._tokenizer.bos_id())
         return self._tokenizer.dedup_bos_ids(bos + list(ids))
 
-    def prompt_ids(self, text: str, max_length: int, index: int) -> list[int]:
-        ids = self.with_bos(self._tokenizer.encode(str(text)))  # learners pass numpy str_
-        ids, dropped = inputs.truncate_left(ids, max_length)
-        if dropped:
+    def prompt_ids(self, texts: Sequence[str], max_length: int) -> list[list[int]]:
+        """Each prompt's ids (one BOS where the tokenizer has one), cut from the left to
+        `max_length`: one warning per call names how many were cut and their lengths."""
+        rows, cut = [], []
+        for i, text in enumerate(texts):
+            ids = self.with_bos(self._tokenizer.encode(str(text)))  # learners pass numpy str_
+            kept, dropped = inputs.truncate_left(ids, max_length)
+            if dropped:
+                cut.append(f"{i} ({len(ids)})")
+            rows.append(kept)
+        if cut:
+            listed = ", ".join(cut[:8]) + (f" and {len(cut) - 8} more" if len(cut) > 8 else "")
             logger.warning(
-                "prompt %d has %d tokens; dropped the first %d (max_prompt_length=%d)",
-                index,
-                len(ids) + dropped,
-                dropped,
+                "%d of %d prompts are longer than max_prompt_length=%d tokens and were cut "
+                "from the left; prompt (tokens): %s",
+                len(cut),
+                len(rows),
                 max_length,
+                listed,
             )
-        return ids
+        return rows
 
     def given_prompt_ids(self, rows: Any, max_new: int) -> list[list[int]]:
         """Prompts given as token ids (token in), used as given: no BOS added, never truncated

@@ -193,7 +193,7 @@ class SglangJaxRollout(RolloutMemory, BaseRollout):
     def prompt_token_ids(self, prompts: list[str], max_prompt_length: int) -> list[list[int]]:
         """The ids `generate` sends for each prompt: one BOS where the tokenizer has one, cut
         from the left to `max_prompt_length` (with a warning)."""
-        return rollout_call.prompt_ids(self._policy, prompts, max_prompt_length)
+        return self._policy.prompt_ids(prompts, max_prompt_length)
 
     def session(
         self, track_tree: bool = False, rollout_config: RolloutConfig | None = None, strict=False

@@ -37,12 +37,6 @@ class Call:
     limits: list[int] | None
 
 
-def prompt_ids(policy: RequestPolicy, prompts: list[str], max_length: int) -> list[list[int]]:
-    """Each prompt's ids: one BOS where the tokenizer has one, cut from the left to
-    `max_length` (with a warning)."""
-    return [policy.prompt_ids(p, max_length, i) for i, p in enumerate(prompts)]
-
-
 def prepare(
     policy: RequestPolicy,
     prompts: list[str] | None,
@@ -60,7 +54,7 @@ def prepare(
     if check is not None:
         check(options)
     if given_ids is None:
-        ids = prompt_ids(policy, prompts, max_prompt)
+        ids = policy.prompt_ids(prompts, max_prompt)
     else:
         ids = policy.given_prompt_ids(given_ids, limit)
         max_prompt = max(max_prompt, *map(len, ids))

@@ -1,7 +1,8 @@
 """The sgl-jax engine inside this process: its start, its idle scheduler thread, its end.
 
 Owns `EngineProcess`: starting sgl-jax in single-process mode (our patches applied and
-activated, the process's signal handlers kept, upstream's atexit hook dropped), the handles
+activated, the process's signal handlers and root log level kept, upstream's atexit hook
+dropped), the handles
 the rest of `RolloutEngine` reads (the upstream `Engine`, its scheduler, model runner and
 `weights.WeightSwapper`), work run on the scheduler thread while it is fully idle
 (`when_idle`), and taking all of it down again (`shutdown`, `teardown`).
@@ -92,7 +93,7 @@ class EngineProcess:
         # Built in two steps so that a failing __init__ still leaves the object to clean up.
         engine = engine_class.__new__(engine_class)
         self.engine = engine
-        with _signal_handlers_kept():
+        with _signal_handlers_kept(), _root_log_level_kept():
             try:
                 engine.__init__(**server_args)
             finally:
@@ -226,6 +227,24 @@ async def _cancel_tasks() -> None:
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
+
+
+@contextlib.contextmanager
+def _root_log_level_kept():
+    """Gives the level sgl-jax sets on the process's root logger (`configure_logger`,
+    `utils/common_utils.py:234-270` at cddbf6f1: `EngineSettings.log_level`, "error" by
+    default) to sgl-jax's own loggers instead, and restores the root's: set on the root, it
+    silenced every warning of the process, ours (an over-long prompt cut) and the user's."""
+    root = logging.getLogger()
+    saved = root.level
+    try:
+        yield
+    finally:
+        if root.level != saved:
+            own = logging.getLogger("sgl_jax")
+            if own.level == logging.NOTSET:
+                own.setLevel(root.level)
+            root.setLevel(saved)
 
 
 @contextlib.contextmanager

@@ -296,6 +296,28 @@ def test_a_matched_stop_string_leaves_the_text_unless_the_call_keeps_it(rollout)
         assert kept.tokens[0].tolist() == tokens and kept.text[0] == full
 
 
+def test_an_over_long_prompt_is_cut_with_one_warning_that_is_shown(rollout, caplog):
+    """sgl-jax sets the root logger to its `log_level` ("error") when it starts, which hid
+    every warning of the process: the engine keeps the root's level, and a call that cuts
+    prompts says so once, with how many and their lengths."""
+    import logging
+
+    policy_logger = logging.getLogger("sgl_jax_rollout.request_policy")
+    assert logging.getLogger().level <= logging.WARNING  # the session engine has started
+    assert policy_logger.isEnabledFor(logging.WARNING)
+    assert logging.getLogger("sgl_jax").getEffectiveLevel() == logging.ERROR
+    with caplog.at_level(logging.WARNING, logger="sgl_jax_rollout"):
+        out = rollout.generate(
+            ["word " * 200, "a", "word " * 30],
+            config(max_prompt_length=8, max_tokens_to_generate=2),
+        )
+    assert np.asarray(out.left_padded_prompt_tokens).shape[1] == 8
+    (message,) = [r.getMessage() for r in caplog.records if "max_prompt_length" in r.getMessage()]
+    lengths = [len(ids) for ids in rollout.prompt_token_ids(["word " * 200, "word " * 30], 10**6)]
+    assert message.startswith("2 of 3 prompts are longer than max_prompt_length=8 tokens")
+    assert message.endswith(f"0 ({lengths[0]}), 2 ({lengths[1]})")
+
+
 def test_changing_sampling_settings_does_not_recompile(rollout):
     settings = [
         dict(temperature=0.5, top_k=5),
