@@ -60,6 +60,7 @@ from sgl_jax_rollout.engine.weight_updates import WeightUpdates
 from sgl_jax_rollout.utils import compilation_cache
 from sgl_jax_rollout.utils.compiles import ENGINE_START_EVENT
 from sgl_jax_rollout.utils.model_dir import (
+    check_weights,
     language_config,
     load_tokenizer,
     missing_key,
@@ -99,6 +100,7 @@ class RolloutEngine:
         settings = settings or EngineSettings()
         model_path = Path(model_path)
         model_config = read_config(model_path)
+        check_weights(model_path)
         check_rope_scaling(model_config)
         if threading.current_thread() is not threading.main_thread():
             raise RuntimeError(

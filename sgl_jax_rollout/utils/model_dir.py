@@ -1,14 +1,15 @@
 """A checkpoint directory read once, with one sentence for what is wrong with it.
 
 Owns `read_config` (`config.json` as a dict: a missing file, invalid JSON with its line and
-column, or JSON that is no object, each named with the file) and `check_weights` (the
-directory holds `*.safetensors`), `load_tokenizer` (its HF tokenizer, or the sentence saying it
-does not load). `missing_key` turns a `KeyError` raised while a family's
-config is read into the sentence that names the file, the key and the family. `language_config`
-is the language model's part of a config, `text_config` of a multimodal checkpoint filled as
-transformers fills it, and `checkpoint_prefix` the prefix its weights sit under. Both the engine
-(`engine.RolloutEngine`) and the trainer side (`tunix_adapter.models`) call these before
-anything is built, so a broken directory never reaches sgl-jax or tunix.
+column, or JSON that is no object, each named with the file), `check_weights` (the directory
+holds `*.safetensors`, each whole: `safetensors_problem`) and `load_tokenizer` (its HF
+tokenizer, or the sentence saying it does not load). `missing_key` turns a `KeyError` raised
+while a family's config is read into the sentence that names the file, the key and the
+family. `language_config` is the language model's part of a config, `text_config` of a
+multimodal checkpoint filled as transformers fills it, and `checkpoint_prefix` the prefix its
+weights sit under. Both the engine (`engine.RolloutEngine`) and the trainer side
+(`tunix_adapter.models`) call these before anything is built, so a broken directory never
+reaches sgl-jax or tunix.
 """
 
 from __future__ import annotations
@@ -91,12 +92,71 @@ def checkpoint_prefix(model_dir: str | Path, architecture: str) -> str:
     )
 
 
+# Bytes per element of each safetensors dtype.
+_DTYPE_BYTES = {
+    **dict.fromkeys(("F64", "I64", "U64"), 8),
+    **dict.fromkeys(("F32", "I32", "U32"), 4),
+    **dict.fromkeys(("F16", "BF16", "I16", "U16"), 2),
+    **dict.fromkeys(("F8_E4M3", "F8_E5M2", "I8", "U8", "BOOL"), 1),
+}
+
+
 def check_weights(model_dir: str | Path) -> None:
-    """ValueError when `model_dir` holds no `*.safetensors` file (the weights)."""
-    if not any(Path(model_dir).glob("*.safetensors")):
+    """ValueError when `model_dir` holds no `*.safetensors` file (the weights), or one whose
+    header does not match its data (`safetensors_problem`: a truncated download, say), naming
+    the file, the first tensor out of place and the cause."""
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
         raise ValueError(
             f"{model_dir} holds no *.safetensors file: the checkpoint's weights are missing"
         )
+    for path in files:
+        problem = safetensors_problem(path)
+        if problem is not None:
+            raise ValueError(f"{path} is not a whole safetensors file: {problem}")
+
+
+def safetensors_problem(path: Path) -> str | None:
+    """What is wrong with a safetensors file's layout (its 8-byte header length, the JSON
+    header, each tensor's byte range against its shape and dtype and against the data the
+    file holds), or None. Reads the header only."""
+    size = path.stat().st_size
+    with open(path, "rb") as file:
+        head = file.read(8)
+        if len(head) < 8:
+            return f"{size} bytes, fewer than the 8 of the header length"
+        length = int.from_bytes(head, "little")
+        if 8 + length > size:
+            return f"the header claims {length} bytes, the file holds {size - 8} after its length"
+        try:
+            header = json.loads(file.read(length))
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            return f"its header is not JSON ({err})"
+    if not isinstance(header, dict):
+        return "its header is not a JSON object"
+    data = size - 8 - length
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            start, end = (int(x) for x in entry["data_offsets"])
+            count = 1
+            for dim in entry["shape"]:
+                count *= int(dim)
+            need = count * _DTYPE_BYTES[entry["dtype"]]
+        except (KeyError, TypeError, ValueError) as err:
+            return f"tensor {name!r} has no valid dtype, shape and data_offsets ({err!r})"
+        if end - start != need:
+            return (
+                f"tensor {name!r} ({entry['dtype']} {entry['shape']}) needs {need} bytes, its "
+                f"data_offsets span {end - start}"
+            )
+        if end > data:
+            return (
+                f"tensor {name!r} ({entry['dtype']} {entry['shape']}) lies at bytes "
+                f"[{start}, {end}) of the data, which holds {data}: the file is truncated"
+            )
+    return None
 
 
 def load_tokenizer(model_dir: str | Path) -> Any:

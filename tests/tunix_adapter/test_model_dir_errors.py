@@ -1,6 +1,6 @@
 """A broken model directory reaches neither tunix nor the engine: the trainer side's loader and
 the CLI's commands answer with the sentence `sgl_jax_rollout.utils.model_dir` gives (a config
-key a family needs, missing weights, invalid JSON), before anything is built."""
+key a family needs, missing or truncated weights, invalid JSON), before anything is built."""
 
 from __future__ import annotations
 
@@ -56,6 +56,18 @@ def test_the_cli_prints_one_sentence_and_exits_2(copy, capsys):
     (without_layers / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
     assert cli.main(["plan", "--model-path", str(without_layers), "--preset", "v5e-8"]) == 2
     assert "has no 'num_attention_heads', which a qwen3 model needs" in capsys.readouterr().err
+
+
+def test_truncated_weights_are_one_sentence_from_check_and_demo(copy, capsys):
+    """A `model.safetensors` cut in half (a broken download): `check` and `demo` name the
+    file, the tensor and the cause, and exit 2, before tunix or the engine loads anything."""
+    (weights,) = copy.glob("*.safetensors")
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    for argv in (["check"], ["demo", "--steps", "1"]):
+        assert cli.main([*argv, "--model-path", str(copy)]) == 2
+        err = capsys.readouterr().err
+        assert f"error: {weights} is not a whole safetensors file: tensor '" in err, err
+        assert "the file is truncated" in err and "reshape" not in err
 
 
 @pytest.mark.engine

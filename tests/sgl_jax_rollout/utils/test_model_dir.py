@@ -59,6 +59,47 @@ def test_missing_weights_and_a_tokenizer_that_does_not_load_are_named(copy):
         load_tokenizer(copy)
 
 
+def _header(path):
+    length = int.from_bytes(path.read_bytes()[:8], "little")
+    return length, json.loads(path.read_bytes()[8 : 8 + length])
+
+
+def test_a_truncated_or_inconsistent_safetensors_file_is_named_with_its_tensor(copy):
+    """A download cut in half used to reach the loaders, which raised numpy's "cannot
+    reshape array of size ..."; the header is checked against the data before anything."""
+    (weights,) = copy.glob("*.safetensors")
+    whole = weights.read_bytes()
+    length, header = _header(weights)
+    data = len(whole) - 8 - length
+    weights.write_bytes(whole[: 8 + length + data // 2])
+    with pytest.raises(ValueError) as err:
+        check_weights(copy)
+    # the first tensor that lies past the half the file keeps
+    name, entry = next(
+        (k, v)
+        for k, v in header.items()
+        if k != "__metadata__" and v["data_offsets"][1] > data // 2
+    )
+    start, end = entry["data_offsets"]
+    assert str(err.value) == (
+        f"{weights} is not a whole safetensors file: tensor {name!r} ({entry['dtype']} "
+        f"{entry['shape']}) lies at bytes [{start}, {end}) of the data, which holds "
+        f"{data // 2}: the file is truncated"
+    )
+    weights.write_bytes(whole[:100])
+    with pytest.raises(ValueError, match=r"the header claims \d+ bytes, the file holds 92"):
+        check_weights(copy)
+    weights.write_bytes(b"\x01")
+    with pytest.raises(ValueError, match="fewer than the 8 of the header length"):
+        check_weights(copy)
+    name = next(k for k in header if k != "__metadata__")
+    header[name]["shape"] = [*header[name]["shape"], 2]
+    text = json.dumps(header).encode()
+    weights.write_bytes(len(text).to_bytes(8, "little") + text + whole[8 + length :])
+    with pytest.raises(ValueError, match=rf"tensor '{name}' \(F32 .*\) needs \d+ bytes, its"):
+        check_weights(copy)
+
+
 # google/gemma-3-4b-it's config.json, its text_config as the checkpoint lists it.
 GEMMA3_4B = {
     "architectures": ["Gemma3ForConditionalGeneration"],
