@@ -59,8 +59,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--steps",
         type=int,
         default=None,
-        help="sampler: timed steps (>= 20, default 20); grpo: timed GRPO steps (>= 3, default "
-        "5); agentic: timed steps per variant (>= 3, default 4)",
+        help="sampler: timed steps, >= 20; grpo: timed GRPO steps, >= 3; agentic: timed steps "
+        "per variant, >= 3 (default: sampler 20, grpo 5, agentic 4)",
     )
     bench.add_argument(
         "--runs",
@@ -75,13 +75,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         type=int,
         default=1,
         help="grpo: processes per variant, the variants taken in turn, their timed steps "
-        "pooled (>= 1, default 1)",
+        "pooled (>= 1)",
     )
     bench.add_argument(
         "--variants",
         default=None,
-        help="grpo: comma-separated variants to run (default all; ours_rollout_old, the "
-        "reference, always runs)",
+        help="grpo: comma-separated variants to run; ours_rollout_old, the "
+        "reference, always runs (default: all)",
     )
     bench.add_argument(
         "--model-path",
@@ -122,8 +122,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--cycles",
         type=int,
         default=None,
-        help="soak: generate + update_params cycles measured for memory growth (>= 1, 50); "
-        "memory: release / resume / generate cycles (20)",
+        help="soak: generate + update_params cycles measured for memory growth, >= 1; "
+        "memory: release / resume / generate cycles (default: soak 50, memory 20)",
     )
     bench.add_argument("--seed", type=int, default=0, help="soak: prompts, mix and sampling")
     bench.add_argument(

@@ -62,15 +62,15 @@ def add_parser(sub: argparse._SubParsersAction, presets: str) -> None:
         "--native-attention",
         choices=["paged", "upstream"],
         default=None,
-        help="what serves the CPU / GPU attention (default paged; upstream: sgl-jax's own, "
-        "page size 1 only on CPU)",
+        help="what serves the CPU / GPU attention: paged, ours, or upstream, sgl-jax's own "
+        "(page size 1 only on CPU) (default: paged)",
     )
     chk.add_argument(
         "--rope-phases",
         choices=["trainer", "sgl-jax"],
         default=None,
-        help="how the engine rounds its RoPE phases (default trainer: as tunix's model of "
-        "the checkpoint does; sgl-jax: upstream's)",
+        help="how the engine rounds its RoPE phases: trainer, as tunix's model of the "
+        "checkpoint does (where tunix has one), or sgl-jax, upstream's (default: trainer)",
     )
     chk.set_defaults(func=_check)
 

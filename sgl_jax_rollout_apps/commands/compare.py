@@ -20,7 +20,14 @@ def add_parser(sub: argparse._SubParsersAction, presets: str) -> None:
         "tunix's trainer at T 1 and 0.7, per-position TV distance of samples at T 1, "
         "throughput, and a short GRPO run with each. Writes compare.json and compare.png.",
     )
-    comp.add_argument("--against", choices=["vanilla", "vllm"], required=True)
+    comp.add_argument(
+        "--against",
+        choices=["vanilla", "vllm"],
+        required=True,
+        help="the tunix rollout to compare ours with: vanilla (tunix's VanillaRollout, "
+        "anywhere) or vllm (VllmRollout, where vLLM-TPU is installed; exit 2 elsewhere) "
+        "(required)",
+    )
     comp.add_argument("--model-path", default=None, help="HF checkpoint dir (default: tiny)")
     comp.add_argument("--preset", default=None, help=f"slice preset from tpu_configs ({presets})")
     comp.add_argument("--out", default="compare_out", help="directory for the report")

@@ -61,14 +61,14 @@ def add_parser(sub: argparse._SubParsersAction, presets: str) -> None:
         default=None,
         help="a real task with a verifiable reward and held-out greedy accuracy (on --model or "
         "--model-path; run-size flags not given take the task run's defaults, "
-        "demo.TASK_DEFAULTS); default: the toy task",
+        "demo.TASK_DEFAULTS) (default: the toy task)",
     )
     demo.add_argument(
         "--model",
         choices=list(MODELS),
         default=None,
-        help="the real checkpoint to train, built by make-real-model on first use (default with "
-        f"--task: {DEFAULT_MODEL}); not with --model-path",
+        help="the real checkpoint to train, built by make-real-model on first use; not with "
+        f"--model-path (default: with --task, {DEFAULT_MODEL})",
     )
     demo.add_argument(
         "--prompt-style",
@@ -76,40 +76,60 @@ def add_parser(sub: argparse._SubParsersAction, presets: str) -> None:
         default="auto",
         help="--task: chat (the task's system message in the model's chat template), few-shot "
         f"({SHOTS} solved problems, one a line, then the question; the answer ends at a "
-        "newline), or auto: chat where the tokenizer has a chat template (the default)",
+        "newline), or auto: chat where the tokenizer has a chat template (default: auto)",
     )
     demo.add_argument(
-        "--eval-every", type=int, default=None, help="--task: held-out accuracy every N steps"
+        "--eval-every",
+        type=int,
+        default=None,
+        help="--task: held-out accuracy every N steps (default: 10; gemma3-270m: 5)",
     )
     demo.add_argument(
         "--eval-problems", type=int, default=200, help="--task: held-out problems (distinct)"
     )
     demo.add_argument(
-        "--max-tokens", type=int, default=None, help="tokens generated per sample (default 16)"
+        "--max-tokens",
+        type=int,
+        default=None,
+        help="tokens generated per sample (default: 16; with --task: 12)",
     )
     demo.add_argument(
         "--num-generations",
         type=int,
         default=None,
-        help="samples per prompt, a GRPO group (>= 2, default 4)",
+        help="samples per prompt, a GRPO group, >= 2 (default: 4)",
     )
     demo.add_argument(
-        "--learning-rate", type=float, default=None, help="actor learning rate (Adam, 1e-3)"
+        "--learning-rate",
+        type=float,
+        default=None,
+        help="actor learning rate, Adam (default: 1e-3; with --task: 2e-4, gemma3-270m: 1e-5)",
     )
-    demo.add_argument("--steps", type=int, default=None, help="training steps (>= 1, 20)")
+    demo.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="training steps, >= 1 (default: 20; with --task: 40, gemma3-270m: 20)",
+    )
     demo.add_argument(
         "--prompts-per-step",
         type=int,
         default=None,
-        help="prompts per step, over every host (a multiple of the JAX process count; 4)",
+        help="prompts per step, over every host, a multiple of the JAX process count "
+        "(default: 4; with --task: 8)",
     )
-    demo.add_argument("--model-path", default=None, help="HF model dir (default: tiny model)")
+    demo.add_argument(
+        "--model-path", default=None, help="HF model dir (default: the built-in tiny model)"
+    )
     demo.add_argument("--out", default="demo_out", help="output directory (default: demo_out)")
     demo.add_argument(
         "--seed", type=int, default=0, help="seeds the prompts, the sampling and the init"
     )
     demo.add_argument(
-        "--temperature", type=float, default=None, help="rollout temperature (default 1)"
+        "--temperature",
+        type=float,
+        default=None,
+        help="rollout temperature (default: 1; with --task: 0.7)",
     )
     demo.add_argument(
         "--num-iterations",
@@ -122,17 +142,17 @@ def add_parser(sub: argparse._SubParsersAction, presets: str) -> None:
         "--mini-batch-size",
         type=int,
         default=None,
-        help="prompts per optimizer update (tunix's mini_batch_size; default: the step's "
-        "prompts); the weights reach the rollout once per step, and --steps counts updates "
-        "(tunix's max_steps)",
+        help="prompts per optimizer update, tunix's mini_batch_size; the weights reach the "
+        "rollout once per step, and --steps counts updates, tunix's max_steps (default: the "
+        "step's prompts)",
     )
     demo.add_argument(
         "--tis-cap",
         type=float,
         default=None,
         help="grpo / egpo: old policy = trainer, truncated importance sampling at this cap "
-        "(default: rollout logprobs as the old policy); the same as --is-correction "
-        "token-truncate --is-threshold CAP",
+        "(the same as --is-correction token-truncate --is-threshold CAP) (default: none, the "
+        "rollout's logprobs are the old policy)",
     )
     add_variant_flags(demo)
     _add_group_sampling_flags(demo)
@@ -140,8 +160,8 @@ def add_parser(sub: argparse._SubParsersAction, presets: str) -> None:
     demo.add_argument(
         "--sweep",
         action="store_true",
-        help="run GRPO, GRPO on forking tokens (rho = --top-entropy-quantile, default 0.2) and "
-        "EGPO for --steps each, per seed; curves of all in --out/sweep.png",
+        help="run GRPO, GRPO on forking tokens (rho = --top-entropy-quantile, 0.2 where not "
+        "given) and EGPO for --steps each, per seed; curves of all in --out/sweep.png",
     )
     demo.add_argument(
         "--seeds", type=int, nargs="+", default=None, help="--sweep: seeds (default: --seed)"
@@ -156,19 +176,22 @@ def add_parser(sub: argparse._SubParsersAction, presets: str) -> None:
         "--lora-rank",
         type=int,
         default=None,
-        help="train qwix LoRA adapters of this rank on the actor (default 0: full weights); "
-        "the engine serves them unmerged",
+        help="train qwix LoRA adapters of this rank on the actor, 0: full weights; the engine "
+        "serves them unmerged (default: 0; with --task: 16)",
     )
     demo.add_argument(
-        "--lora-alpha", type=float, default=None, help="LoRA alpha (scaling alpha/rank, 16)"
+        "--lora-alpha",
+        type=float,
+        default=None,
+        help="LoRA alpha, scaling alpha / rank (default: 16; with --task: 32)",
     )
     demo.add_argument(
         "--release-memory",
         choices=("auto", "kv", "weights", "off"),
         default="auto",
         help="the rollout engine's device memory while the trainer updates: auto frees its KV "
-        "pool where it shares the actor's devices (the default), weights its parameters too "
-        "(back with the next sync), off keeps both; the step line prints what was freed",
+        "pool where it shares the actor's devices, weights its parameters too (back with the "
+        "next sync), off keeps both; the step line prints what was freed (default: auto)",
     )
     demo.set_defaults(func=_demo)
 
@@ -179,21 +202,23 @@ def _add_group_sampling_flags(parser: argparse.ArgumentParser) -> None:
         "--filter-groups",
         choices=("verl", "slime"),
         help="grpo / egpo: DAPO's dynamic sampling, keep sampling until every group of the step "
-        "has rewards that differ (verl: population std > 0; slime: unbiased std > 1e-6)",
+        "has rewards that differ (verl: population std > 0; slime: unbiased std > 1e-6) "
+        "(default: none, no filter)",
     )
     parser.add_argument(
         "--over-sampling-batch-size",
         type=int,
         help="grpo / egpo on the sglang_jax rollout: prompts sent per round (>= the step's); "
-        "a round returns once the groups still needed are there and aborts the rest",
+        "a round returns once the groups still needed are there and aborts the rest "
+        "(default: none, the step's prompts, no early stop)",
     )
     parser.add_argument(
         "--filter-timing",
         choices=("slime", "after_stop"),
         default="slime",
         help="with --filter-groups and --over-sampling-batch-size: slime filters each group "
-        "as it finishes and stops once enough passed (default); after_stop stops once enough "
-        "finished, then filters them",
+        "as it finishes and stops once enough passed; after_stop stops once enough finished, "
+        "then filters them (default: slime)",
     )
     parser.add_argument(
         "--partial-rollout",
@@ -215,29 +240,30 @@ def _add_agentic_flags(parser: argparse.ArgumentParser) -> None:
         choices=("default", "agentic"),
         default="default",
         help="agentic: tunix's AgenticGRPOLearner (grpo): episodes of one chat per model "
-        "call, --max-concurrency at once, which the engine batches; default: tunix's GRPO / "
-        "PPO learners, one rollout call per batch",
+        "call, --max-concurrency at once, which the engine batches; or tunix's GRPO / PPO "
+        "learners, one rollout call per batch (default: default)",
     )
     parser.add_argument(
         "--tools",
         choices=("calculator",),
         default=None,
         help="--learner agentic --task arithmetic: multi-turn episodes with tunix's ToolAgent "
-        "and calculator tool; the reward is the final answer's (default --max-tokens 48 a "
-        "turn); each step reports the share of episodes that call the tool",
+        "and calculator tool; the reward is the final answer's, --max-tokens 48 a turn where "
+        "not given; each step reports the share of episodes that call the tool (default: "
+        "none, single-turn)",
     )
     parser.add_argument(
         "--off-policy-steps",
         type=int,
         default=0,
         help="--learner agentic: batches tunix's producer may sample ahead of the trainer "
-        "(AgenticGRPOConfig.off_policy_steps, default 0)",
+        "(AgenticGRPOConfig.off_policy_steps)",
     )
     parser.add_argument(
         "--max-concurrency",
         type=int,
         default=16,
-        help="--learner agentic: episodes at once (AgenticGRPOConfig.max_concurrency, 16)",
+        help="--learner agentic: episodes at once, AgenticGRPOConfig.max_concurrency (default: 16)",
     )
 
 

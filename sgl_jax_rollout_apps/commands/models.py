@@ -29,7 +29,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "are those of a real checkpoint, at the tiny sizes.",
     )
     tiny.add_argument("dir", help="output directory (created if missing)")
-    tiny.add_argument("--arch", choices=sorted(ARCHITECTURES), default=None, help="default: qwen3")
+    tiny.add_argument(
+        "--arch", choices=sorted(ARCHITECTURES), default=None, help="the family (default: qwen3)"
+    )
     tiny.add_argument(
         "--like",
         metavar="NAME",

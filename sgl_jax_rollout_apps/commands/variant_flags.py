@@ -18,34 +18,35 @@ def add_variant_flags(parser: argparse.ArgumentParser) -> None:
         choices=[f"{level}-{mode}" for level in LEVELS for mode in MODES],
         default=None,
         help="grpo / egpo: old policy = trainer, off-policy correction of the rollout mismatch "
-        "(verl rollout_is level and mode, TRL vllm_importance_sampling_mode)",
+        "(verl rollout_is level and mode, TRL vllm_importance_sampling_mode) (default: none, the "
+        "rollout's logprobs are the old policy)",
     )
     parser.add_argument(
         "--is-threshold",
         type=float,
         default=None,
-        help="upper bound of the ratio, >= 1 (default 2)",
+        help="upper bound of the ratio, >= 1 (default: 2)",
     )
     parser.add_argument(
         "--is-threshold-lower",
         type=float,
         default=None,
-        help="mask corrections: lower bound of the ratio, in [0, 1] (default 1 / upper)",
+        help="mask corrections: lower bound of the ratio, in [0, 1] (default: 1 / upper)",
     )
     parser.add_argument(
         "--is-rejection",
         choices=REJECTIONS,
         default=None,
         help="mask corrections: a rejected token gets weight 0 and stays in the loss's "
-        "denominator and KL term (zero_weight: TRL, IcePop; the default), or leaves the "
-        "completion mask (response_mask: verl)",
+        "denominator and KL term (zero_weight: TRL, IcePop), or leaves the completion mask "
+        "(response_mask: verl) (default: zero_weight)",
     )
     parser.add_argument(
         "--top-entropy-quantile",
         type=float,
         default=None,
         help="grpo / egpo: only the batch's top-rho tokens by rollout entropy (forking "
-        "tokens) carry the policy gradient; rho in (0, 1]",
+        "tokens) carry the policy gradient; rho in (0, 1] (default: none, every token)",
     )
     parser.add_argument(
         "--routing-replay",
