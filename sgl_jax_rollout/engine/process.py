@@ -231,20 +231,27 @@ async def _cancel_tasks() -> None:
 
 @contextlib.contextmanager
 def _root_log_level_kept():
-    """Gives the level sgl-jax sets on the process's root logger (`configure_logger`,
-    `utils/common_utils.py:234-270` at cddbf6f1: `EngineSettings.log_level`, "error" by
-    default) to sgl-jax's own loggers instead, and restores the root's: set on the root, it
-    silenced every warning of the process, ours (an over-long prompt cut) and the user's."""
+    """Gives what sgl-jax sets on the process's root logger (`configure_logger`,
+    `utils/common_utils.py:234-270` at cddbf6f1: the level `EngineSettings.log_level`, "error"
+    by default, and a stream handler) to sgl-jax's own loggers instead, and restores the
+    root's: on the root, the level silenced every warning of the process, ours (an over-long
+    prompt cut) and the user's, and the handler printed each record twice where the process
+    had one already (the CLI's)."""
     root = logging.getLogger()
-    saved = root.level
+    level, handlers = root.level, list(root.handlers)
     try:
         yield
     finally:
-        if root.level != saved:
-            own = logging.getLogger("sgl_jax")
-            if own.level == logging.NOTSET:
-                own.setLevel(root.level)
-            root.setLevel(saved)
+        added = [h for h in root.handlers if h not in handlers]
+        own = logging.getLogger("sgl_jax")
+        if root.level != level and own.level == logging.NOTSET:
+            own.setLevel(root.level)
+        root.setLevel(level)
+        for handler in added:
+            root.removeHandler(handler)
+            own.addHandler(handler)
+        if added:  # sgl-jax's records go to its handler alone
+            own.propagate = False
 
 
 @contextlib.contextmanager
