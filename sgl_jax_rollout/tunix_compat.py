@@ -16,6 +16,7 @@ import functools
 import importlib
 import importlib.util
 import inspect
+import logging
 import re
 from types import ModuleType
 from typing import Any
@@ -343,6 +344,26 @@ def agentic_keeps_full_turn() -> bool:
     engine = __getattr__("TrajectoryCollectEngine")
     source = inspect.getsource(engine._one_step)
     return "if not self._check_and_set_context_limit_reached()" in source
+
+
+class _DropsUnmappedWarning(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("!!! No mapping for flat states")
+
+
+def transfer_state_checked(**kwargs: Any) -> Any:
+    """tunix's `transfer_state_with_mappings(**kwargs)` for a caller that checks coverage
+    itself (`engine/weights.py` raises on a parameter left unwritten): tunix's warning "!!! No
+    mapping for flat states", listing every target its table leaves alone (`generate/utils.py`,
+    0.1.7 line 429: the LoRA buffers in a base pass, the base weights in an adapter pass;
+    hundreds of names at every engine start), is dropped while it runs."""
+    absl = logging.getLogger("absl")
+    dropping = _DropsUnmappedWarning()
+    absl.addFilter(dropping)
+    try:
+        return __getattr__("transfer_state_with_mappings")(**kwargs)
+    finally:
+        absl.removeFilter(dropping)
 
 
 def check_all(names: tuple[str, ...] | None = None) -> None:

@@ -29,9 +29,7 @@ first, each split across them.
 
 from __future__ import annotations
 
-import contextlib
 import gc
-import logging
 import re
 from collections.abc import Callable
 from typing import Any
@@ -187,17 +185,17 @@ class WeightSwapper:
                     f"mapping onto the engine's {family} model: {_listed(unmapped)}"
                     + _lora_hint(unmapped)
                 )
-            with _unmapped_warning_hidden():
-                return tunix.transfer_state_with_mappings(
-                    src_state=src_state,
-                    dst_state=dst_state,
-                    key_mappings=mappings,
-                    key_mapping_hook_fns=config.to_hf_hook_fns,
-                    transpose_keys=transposes,
-                    rollout_engine="sglang_jax",
-                    num_kv_heads=num_kv_heads,
-                    head_dim=head_dim,
-                )
+            # coverage is checked here and below, so tunix's "No mapping" warning is dropped
+            return tunix.transfer_state_checked(
+                src_state=src_state,
+                dst_state=dst_state,
+                key_mappings=mappings,
+                key_mapping_hook_fns=config.to_hf_hook_fns,
+                transpose_keys=transposes,
+                rollout_engine="sglang_jax",
+                num_kv_heads=num_kv_heads,
+                head_dim=head_dim,
+            )
 
         def transfer(src_def, lora_def, src_leaves: list, lora_leaves: list, dst_leaves: list):
             src_state = jax.tree_util.tree_unflatten(src_def, src_leaves)
@@ -296,27 +294,6 @@ class WeightSwapper:
 
 class WeightSyncError(ValueError):
     """An update that would leave the engine with parameters the trainer did not send."""
-
-
-class _DropsUnmappedWarning(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("!!! No mapping for flat states")
-
-
-@contextlib.contextmanager
-def _unmapped_warning_hidden():
-    """tunix's transfer warns "!!! No mapping for flat states", listing every engine target its
-    table leaves alone (the LoRA buffers in a base-weight pass, the base weights in an adapter
-    pass; tunix `generate/utils.py` `transfer_state_with_mappings`). `transfer` checks what
-    must be written itself and raises on a gap, so that warning says nothing here: it is
-    dropped while tunix transfers (it printed hundreds of names at every engine start)."""
-    absl = logging.getLogger("absl")
-    dropping = _DropsUnmappedWarning()
-    absl.addFilter(dropping)
-    try:
-        yield
-    finally:
-        absl.removeFilter(dropping)
 
 
 def _refuse_non_floating(params: Any) -> None:

@@ -1,9 +1,10 @@
 """`sgl-jax-rollout demo`: the main job, GRPO / EGPO / PPO on a toy or a real task.
 
-Owns the subparser (with the variant flags of `variant_flags` and the demo's own dynamic
-sampling and partial rollout flags), the translation of the flags into a `DemoConfig`, and the
-handler: one run (`sgl_jax_rollout_apps.demo.run`), a task run with one or both rollouts
-(`run_task`, `task_run.compare`) or a sweep (`sweep.run_sweep`), each summed up in one line.
+Owns the subparser (with the variant flags of `variant_flags` and the dynamic sampling,
+partial rollout and agentic learner flags of `demo_flags`), the translation of the flags into a
+`DemoConfig`, and the handler: one run (`sgl_jax_rollout_apps.demo.run`), a task run with one
+or both rollouts (`run_task`, `task_run.compare`) or a sweep (`sweep.run_sweep`), each summed
+up in one line.
 """
 
 from __future__ import annotations
@@ -13,6 +14,12 @@ import dataclasses
 import json
 import sys
 
+from sgl_jax_rollout_apps.commands.demo_flags import (
+    add_agentic_flags,
+    add_group_sampling_flags,
+    agentic_fields,
+    group_sampling_fields,
+)
 from sgl_jax_rollout_apps.commands.engine import engine_missing
 from sgl_jax_rollout_apps.commands.variant_flags import add_variant_flags, variant_fields
 
@@ -155,8 +162,8 @@ def add_parser(sub: argparse._SubParsersAction, presets: str) -> None:
         "rollout's logprobs are the old policy)",
     )
     add_variant_flags(demo)
-    _add_group_sampling_flags(demo)
-    _add_agentic_flags(demo)
+    add_group_sampling_flags(demo)
+    add_agentic_flags(demo)
     demo.add_argument(
         "--sweep",
         action="store_true",
@@ -194,96 +201,6 @@ def add_parser(sub: argparse._SubParsersAction, presets: str) -> None:
         "next sync), off keeps both; the step line prints what was freed (default: auto)",
     )
     demo.set_defaults(func=_demo)
-
-
-def _add_group_sampling_flags(parser: argparse.ArgumentParser) -> None:
-    """`demo`'s dynamic sampling and partial rollout flags (sglang_jax rollout only)."""
-    parser.add_argument(
-        "--filter-groups",
-        choices=("verl", "slime"),
-        help="grpo / egpo: DAPO's dynamic sampling, keep sampling until every group of the step "
-        "has rewards that differ (verl: population std > 0; slime: unbiased std > 1e-6) "
-        "(default: none, no filter)",
-    )
-    parser.add_argument(
-        "--over-sampling-batch-size",
-        type=int,
-        help="grpo / egpo on the sglang_jax rollout: prompts sent per round (>= the step's); "
-        "a round returns once the groups still needed are there and aborts the rest "
-        "(default: none, the step's prompts, no early stop)",
-    )
-    parser.add_argument(
-        "--filter-timing",
-        choices=("slime", "after_stop"),
-        default="slime",
-        help="with --filter-groups and --over-sampling-batch-size: slime filters each group "
-        "as it finishes and stops once enough passed; after_stop stops once enough finished, "
-        "then filters them (default: slime)",
-    )
-    parser.add_argument(
-        "--partial-rollout",
-        action="store_true",
-        help="sglang_jax rollout: groups a step does not need are paused and continued at the "
-        "next step under its weights (with --over-sampling-batch-size)",
-    )
-    parser.add_argument(
-        "--mask-offpolicy-in-partial-rollout",
-        action="store_true",
-        help="with --partial-rollout: tokens of an older policy version leave the loss",
-    )
-
-
-def _add_agentic_flags(parser: argparse.ArgumentParser) -> None:
-    """`demo`'s flags of tunix's agentic learner (`sgl_jax_rollout_apps.agentic_demo`)."""
-    parser.add_argument(
-        "--learner",
-        choices=("default", "agentic"),
-        default="default",
-        help="agentic: tunix's AgenticGRPOLearner (grpo): episodes of one chat per model "
-        "call, --max-concurrency at once, which the engine batches; or tunix's GRPO / PPO "
-        "learners, one rollout call per batch (default: default)",
-    )
-    parser.add_argument(
-        "--tools",
-        choices=("calculator",),
-        default=None,
-        help="--learner agentic --task arithmetic: multi-turn episodes with tunix's ToolAgent "
-        "and calculator tool; the reward is the final answer's, --max-tokens 48 a turn where "
-        "not given; each step reports the share of episodes that call the tool (default: "
-        "none, single-turn)",
-    )
-    parser.add_argument(
-        "--off-policy-steps",
-        type=int,
-        default=0,
-        help="--learner agentic: batches tunix's producer may sample ahead of the trainer "
-        "(AgenticGRPOConfig.off_policy_steps)",
-    )
-    parser.add_argument(
-        "--max-concurrency",
-        type=int,
-        default=16,
-        help="--learner agentic: episodes at once, AgenticGRPOConfig.max_concurrency (default: 16)",
-    )
-
-
-def _agentic_fields(args: argparse.Namespace) -> dict:
-    return {
-        "learner": args.learner,
-        "tools": args.tools,
-        "off_policy_steps": args.off_policy_steps,
-        "max_concurrency": args.max_concurrency,
-    }
-
-
-def _group_sampling_fields(args: argparse.Namespace) -> dict:
-    return {
-        "filter_groups": args.filter_groups,
-        "over_sampling_batch_size": args.over_sampling_batch_size,
-        "filter_timing": args.filter_timing,
-        "partial_rollout": args.partial_rollout,
-        "mask_offpolicy_in_partial_rollout": args.mask_offpolicy_in_partial_rollout,
-    }
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -325,8 +242,8 @@ def _demo(args: argparse.Namespace) -> int:
             mini_batch_size=args.mini_batch_size,
             tis_cap=args.tis_cap,
             **variant_fields(args),
-            **_group_sampling_fields(args),
-            **_agentic_fields(args),
+            **group_sampling_fields(args),
+            **agentic_fields(args),
             preset=args.preset,
             task=args.task,
             eval_problems=args.eval_problems,

@@ -51,7 +51,7 @@ def test_one_bos_per_prompt_and_end_of_turn_stops(gemma):
     )
     assert chat.startswith("<bos><start_of_turn>user")
     for text in (chat, "plain text", "<bos><bos>twice"):
-        ids = policy.prompt_ids(text, 128, 0)
+        (ids,) = policy.prompt_ids([text], 128)
         assert ids[0] == 2 and ids.count(2) == 1, (text, ids[:4])
 
 
@@ -105,7 +105,7 @@ def test_gemma4_stops_at_turn_end_and_keeps_a_system_turn(tmp_path):
     engine = SimpleNamespace(vocab_size=len(raw), settings=SimpleNamespace(context_length=512))
     policy = RequestPolicy(engine, tokenizer, eos, SamplingOptions(), seed=0)
     for text in ("plain text", "<bos><|turn>user\nHi<turn|>\n<|turn>model\n"):
-        ids = policy.prompt_ids(text, 128, 0)
+        (ids,) = policy.prompt_ids([text], 128)
         assert ids[0] == 2 and ids.count(2) == 1, (text, ids[:4])
 
     fake = FakeEngine(106)

@@ -259,7 +259,7 @@ def test_long_multibyte_completion_is_aligned_past_the_stream_chunk(rollout):
     assert max(len(t) for t in out.tokens) == 120
     # The engine's scoring, not get_per_token_logps: with ignore_eos a completion may hold an
     # EOS id, and ends with a sampled pad, where tunix's padded layout cuts it.
-    prompt = rollout._policy.prompt_ids("ü✓ naïve", 32, 0)
+    (prompt,) = rollout._policy.prompt_ids(["ü✓ naïve"], 32)
     rescored = rollout.engine.score([prompt] * 2, [t.tolist() for t in out.tokens])
     for again, logprobs in zip(rescored, out.logprobs, strict=True):
         np.testing.assert_allclose(again, logprobs, atol=1e-4)
