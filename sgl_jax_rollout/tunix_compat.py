@@ -150,6 +150,7 @@ MEMBERS: dict[str, tuple[str, ...]] = {
     "rl_utils": ("_is_same_state",),
     "AgenticGRPOLearner": (
         "_model_call",
+        "_rollout_sync_lock",
         "chat_parser",
         "tokenizer",
         "policy_version",

@@ -53,6 +53,7 @@ import numpy as np
 
 from sgl_jax_rollout import tunix_compat
 from sgl_jax_rollout.rollout_inputs import MAX_SEED, prompt_rows
+from tunix_adapter.rollout_sync_lock import LoopSafeRolloutSyncLock
 
 
 @dataclasses.dataclass
@@ -168,9 +169,14 @@ def serve_agentic(
     `agentic_rl_learner.py:1054-1055` at 0.1.7; `sync_weights` is what stores it), so the
     trainer scores every later episode with the first step's weights: its
     `sampler_trainer/logp_diff_*` and any old policy taken from the trainer are stale. On our
-    `RolloutCluster` each update is then followed by `snapshot_policy`."""
+    `RolloutCluster` each update is then followed by `snapshot_policy`.
+
+    The learner's rollouts-or-sync lock becomes a `LoopSafeRolloutSyncLock`: with tunix's, an
+    episode that starts while a weight sync waits blocks the event loop every episode runs on,
+    and `train()` hangs (`tunix_adapter/rollout_sync_lock.py` says how)."""
     model_call = AgenticModelCall(learner, cluster, token_in, turn_tokens)
     learner._model_call = model_call
+    learner._rollout_sync_lock = LoopSafeRolloutSyncLock()
     if not learner.should_sync_weights and hasattr(cluster, "snapshot_policy"):
         update = cluster.update_actor
 

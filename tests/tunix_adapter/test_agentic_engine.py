@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 
 import jax
 import numpy as np
@@ -85,6 +86,7 @@ def test_agentic_grpo_trains_two_turn_episodes_token_in_token_out(tiny_dir, off_
     from tunix_adapter.agentic import ScalarToolEnvironment, serve_agentic
     from tunix_adapter.models import load_tunix_model
     from tunix_adapter.rewards import vowel_word_reward
+    from tunix_adapter.rollout_sync_lock import LoopSafeRolloutSyncLock
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_dir)
     mesh = jax.make_mesh((1, 1), ("fsdp", "tp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
@@ -151,6 +153,8 @@ def test_agentic_grpo_trains_two_turn_episodes_token_in_token_out(tiny_dir, off_
         **episodes,
     )
     model_call = serve_agentic(learner, cluster, turn_tokens=TURN_TOKENS)
+    # tunix's lock hangs train() when an episode starts while a sync waits (test_rollout_sync_lock)
+    assert isinstance(learner._rollout_sync_lock, LoopSafeRolloutSyncLock)
 
     rollout = cluster.rollout
     running, most = [0], [0]
@@ -161,6 +165,8 @@ def test_agentic_grpo_trains_two_turn_episodes_token_in_token_out(tiny_dir, off_
             with lock:
                 running[0] += 1
                 most[0] = max(most[0], running[0])
+            if off_policy_steps and len(examples) >= BATCH:
+                hold_until_the_trainer_waits_to_sync()
             try:
                 return method(*args, **kwargs)
             finally:
@@ -168,6 +174,15 @@ def test_agentic_grpo_trains_two_turn_episodes_token_in_token_out(tiny_dir, off_
                     running[0] -= 1
 
         return call
+
+    def hold_until_the_trainer_waits_to_sync():
+        """A call of the second batch, made once the first is trained, starts when the trainer
+        waits to sync: so the episodes after it start while a sync waits, where tunix's lock
+        blocked the event loop and train() hung (a timing CI's load met by chance)."""
+        sync_lock, deadline = learner._rollout_sync_lock, time.monotonic() + TRAIN_TIMEOUT_S
+        while not (learner.policy_version or sync_lock.syncs_waiting):
+            assert time.monotonic() < deadline, "the trainer never asked to sync"
+            time.sleep(0.01)
 
     rollout.generate = counted(rollout.generate)
     rollout.generate_from_ids = counted(rollout.generate_from_ids)
