@@ -35,6 +35,11 @@ the model call changes, each for a named tunix fault:
   waits for the sync (`engine.call_gate`) and samples under the new weights. Here the stamp is
   the version that sampled, in the learner's numbering, the oldest of the episode's turns: what
   its staleness filter (`_filter_outdated_offpolicy_examples`) and metrics should read.
+- **A waiting sync goes first.** tunix's lock held new episodes back while a weight sync waited,
+  by blocking its event loop, which can hang `train()`; `serve_agentic` installs a lock that
+  does not (`tunix_adapter/rollout_sync_lock.py`), and an episode gives its place up to a
+  waiting sync here, on the executor thread, before its first turn. Later turns do not yield:
+  an episode is sampled under one weight version.
 
 It calls the rollout itself, as tunix's `_model_call` calls `rl_cluster.generate`
 (`agentic_rl_learner.py:428-462`); not through the cluster, so tunix's rollout perf spans and
@@ -107,12 +112,14 @@ class AgenticModelCall:
         self, chat_lists: list[dict[str, str]], env: Any = None, max_generation_steps: Any = None
     ) -> Any:
         learner = self._learner
+        episode = self._episode(env)
+        if env is not None and not episode.turns:  # a waiting sync goes first (its module says why)
+            learner._rollout_sync_lock.yield_to_waiting_sync()
         config = self._cluster.get_rollout_config(tunix_compat.Mode.TRAIN)
         limit = max_generation_steps or config.max_tokens_to_generate
         if not self._keeps_full_turn and limit > 1:
             limit -= 1
         limit = min(limit, self.turn_tokens or limit)
-        episode = self._episode(env)
         seed = _call_seed(config.seed, env, episode.turns)
         if seed is not None and self._ours:
             seed = [seed]  # the prompt's own seed (an int would derive row 0's from it)

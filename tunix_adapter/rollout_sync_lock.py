@@ -12,7 +12,13 @@ the sync waits for them forever, and `train()` hangs.
 sync waits for the episodes running) and drops only the preference: a new episode waits for a
 sync that runs, which needs no episode to finish, never for one that waits. The waiting sync is
 not starved: the learner queues the next batch's prompts only while it holds the sync, so the
-episodes that can start before it are those of batches already queued."""
+episodes that can start before it are those of batches already queued.
+
+The preference comes back one level down, where blocking is safe: `yield_to_waiting_sync`,
+called by an episode's model call (on the orchestrator's executor threads, never on its loop)
+before the episode's first turn, lets a waiting sync go first. The sync then waits only for the
+model calls already sampling, and the episodes that yielded sample under the new weights, as
+tunix's lock would have started them."""
 
 from __future__ import annotations
 
@@ -42,6 +48,21 @@ class LoopSafeRolloutSyncLock:
                 raise RuntimeError("release_rollout without a rollout holding the lock")
             self._rollouts -= 1
             self._changed.notify_all()
+
+    def yield_to_waiting_sync(self) -> bool:
+        """Where a weight sync waits, gives this episode's place up to it and takes it back once
+        the sync has run; returns whether it yielded. Call it from a thread other than the event
+        loop's (it blocks while the sync runs), holding the place `acquire_rollout` gave."""
+        with self._changed:
+            if not self.syncs_waiting:
+                return False
+            if self._rollouts < 1:
+                raise RuntimeError("yield_to_waiting_sync without a rollout holding the lock")
+            self._rollouts -= 1
+            self._changed.notify_all()
+            self._changed.wait_for(lambda: not self._syncing and not self.syncs_waiting)
+            self._rollouts += 1
+            return True
 
     def acquire_weight_sync(self) -> None:
         with self._changed:

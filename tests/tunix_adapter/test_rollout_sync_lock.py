@@ -100,9 +100,53 @@ def test_episodes_wait_for_a_running_sync_and_a_sync_for_running_episodes(loop):
     lock.release_weight_sync()
 
 
+def test_an_episode_yielding_before_its_first_turn_lets_a_waiting_sync_go_first(loop):
+    lock = LoopSafeRolloutSyncLock()
+    sampling, first_may_end = threading.Event(), threading.Event()
+    first = episode(lock, loop, sampling, first_may_end)  # in its model call: the sync waits
+    assert sampling.wait(WAIT_S)
+    order = []
+
+    def first_turn():  # the model call, on an executor thread as tunix runs it
+        until(lambda: lock.syncs_waiting == 1)
+        order.append(("yielded", lock.yield_to_waiting_sync()))
+        order.append("second samples")
+
+    async def second_episode():
+        lock.acquire_rollout()
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, first_turn)
+        finally:
+            lock.release_rollout()
+
+    second = asyncio.run_coroutine_threadsafe(second_episode(), loop)
+
+    def sync():
+        lock.acquire_weight_sync()
+        order.append("sync")
+        lock.release_weight_sync()
+
+    trainer = threading.Thread(target=sync, daemon=True)  # a failure leaves no thread waiting
+    trainer.start()
+    first_may_end.set()
+    first.result(WAIT_S)
+    second.result(WAIT_S)
+    trainer.join(WAIT_S)
+    assert order == ["sync", ("yielded", True), "second samples"]  # not waiting for the second
+    assert not lock.yield_to_waiting_sync()  # no sync waits: nothing to yield to
+    lock.acquire_weight_sync()  # every place was given back
+    lock.release_weight_sync()
+
+
 def test_a_release_without_its_acquire_is_refused_by_name():
     lock = LoopSafeRolloutSyncLock()
     with pytest.raises(RuntimeError, match="release_rollout"):
         lock.release_rollout()
     with pytest.raises(RuntimeError, match="release_weight_sync"):
         lock.release_weight_sync()
+    lock.acquire_weight_sync()
+    waiting = threading.Thread(target=lock.acquire_weight_sync, daemon=True)
+    waiting.start()
+    until(lambda: lock.syncs_waiting == 1)
+    with pytest.raises(RuntimeError, match="yield_to_waiting_sync"):
+        lock.yield_to_waiting_sync()  # no episode holds a place
