@@ -87,6 +87,7 @@ SYMBOLS: dict[str, tuple[tuple[str, str], ...]] = {
     "TrajectoryCollectEngine": (
         ("tunix.rl.agentic.trajectory.trajectory_collect_engine", "TrajectoryCollectEngine"),
     ),
+    "sanitize_control_tokens": (("tunix.utils.token_sanitization", "sanitize_control_tokens"),),
     "tokenize_and_generate_masks": (("tunix.rl.agentic.utils", "tokenize_and_generate_masks"),),
     "get_recent_assistant_user_messages": (
         ("tunix.rl.agentic.utils", "get_recent_assistant_user_messages"),
@@ -159,6 +160,7 @@ MEMBERS: dict[str, tuple[str, ...]] = {
     "TaskEnvironment": ("_initial_observation", "task"),
     "ToolEnvironment": ("_initial_observation", "task"),
     "ToolAgent": ("update_from_model", "tool_parser"),
+    "QwenChatTemplateParser": ("_parse_message", "_parse_system", "_tokens_to_sanitize", "tokens"),
     "TrajectoryCollectEngine": ("_one_step",),
 }
 

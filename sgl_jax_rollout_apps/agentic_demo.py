@@ -10,7 +10,8 @@ and engine (`episode_tokens`, `prompt_tokens`, `ENGINE_SETTINGS`), its per-step 
   prompts as the user message (the toy task's, or the task's question under its system
   message); the reward is the run's reward function, as in the default learner's run.
 - `tools="calculator"` (the arithmetic task): tunix's `ToolAgent` with its `CalculatorTool`
-  (the tool's JSON schema in the system message, calls parsed by tunix's Qwen tool parser),
+  (the tool's JSON schema in the system message, calls parsed by tunix's Qwen tool parser;
+  the chat rendered by `ToolPromptChatParser`, which keeps the tool-call example's tags),
   our `ScalarToolEnvironment` running the calls; an episode has at most `TOOL_STEPS` turns
   and its reward is the environment's: 1.0 when the final answer's last integer is the sum.
   Each step logs `tools/call_frac`, the share of episodes whose first turn calls the tool.
@@ -84,7 +85,12 @@ def learner(config: Any, cluster: Any, reward: Any) -> Any:
     """tunix's `AgenticGRPOLearner` on `cluster`, its model call ours (`serve_agentic`)."""
     from sgl_jax_rollout import tunix_compat as tc
     from sgl_jax_rollout_apps.tasks import task
-    from tunix_adapter.agentic import ScalarTaskEnvironment, ScalarToolEnvironment, serve_agentic
+    from tunix_adapter.agentic import (
+        ScalarTaskEnvironment,
+        ScalarToolEnvironment,
+        ToolPromptChatParser,
+        serve_agentic,
+    )
 
     system = task(config.task).system if config.task else ""
     if config.tools:
@@ -109,7 +115,7 @@ def learner(config: Any, cluster: Any, reward: Any) -> Any:
             beta=0.0,
             off_policy_steps=config.off_policy_steps,
         ),
-        chat_parser=tc.QwenChatTemplateParser(_hf_tokenizer(cluster)),
+        chat_parser=ToolPromptChatParser(_hf_tokenizer(cluster)),  # tunix's, tool tags kept
         metric_fns=[episode_metrics(bool(config.tools))],
         **episodes,
     )
@@ -163,10 +169,10 @@ def tool_accuracy(
     is right, "tool_call_share": share that called the tool}."""
     from sgl_jax_rollout import tunix_compat as tc
     from sgl_jax_rollout_apps.tasks import task
-    from tunix_adapter.agentic import ScalarToolEnvironment
+    from tunix_adapter.agentic import ScalarToolEnvironment, ToolPromptChatParser
 
     tools = _tools()
-    parser = tc.QwenChatTemplateParser(tokenizer)
+    parser = ToolPromptChatParser(tokenizer)
     greedy = dataclasses.replace(config, top_p=None, top_k=None, max_tokens_to_generate=turn_tokens)
     episodes = []
     for question, answer in zip(questions, answers, strict=True):

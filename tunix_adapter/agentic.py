@@ -1,10 +1,11 @@
 """tunix's agentic learner (`AgenticGRPOLearner`, `tunix/rl/agentic/`) on our rollout.
 
 Owns `serve_agentic`, which puts `AgenticModelCall` in place of a built learner's model call,
-and `ScalarTaskEnvironment` / `ScalarToolEnvironment` (tunix's single-turn and tool-calling
-environments, their fields unwrapped). With `ToolAgent` and `ScalarToolEnvironment` an episode
-is multi-turn: a tool's output comes back as a `tool` message, which tunix trains as prompt
-tokens (masked) and the next turn here is sampled from, token in. tunix's
+`ScalarTaskEnvironment` / `ScalarToolEnvironment` (tunix's single-turn and tool-calling
+environments, their fields unwrapped) and `ToolPromptChatParser` (tunix's Qwen chat parser,
+the tool-call example of a system message intact). With `ToolAgent` and `ScalarToolEnvironment`
+an episode is multi-turn: a tool's output comes back as a `tool` message, which tunix trains as
+prompt tokens (masked) and the next turn here is sampled from, token in. tunix's
 orchestrator runs up to `max_concurrency` episodes at once, each calling the model with one
 chat at a time from a thread pool; our engine batches those calls (`engine.call_gate`). What
 the model call changes, each for a named tunix fault:
@@ -230,6 +231,29 @@ def _scalar(value: Any) -> Any:
     if isinstance(value, np.ndarray) and value.shape == (1,):
         return value[0].item() if hasattr(value[0], "item") else value[0]
     return value
+
+
+class ToolPromptChatParser(tunix_compat.QwenChatTemplateParser):
+    """tunix's `QwenChatTemplateParser`, its system message keeping the tool-call tags.
+
+    tunix's parser strips its own control strings from every message's content, its tool-call
+    tags `"\n<tool_call>\n"` / `"\n</tool_call>"` among them (`parser.py:59-63,116-121` at
+    0.1.7 and main). The system message `ToolAgent` writes holds the tool-call example of its
+    tool parser (`qwen_parser.py:116-119`), whose tags are exactly those strings: the model was
+    told to answer "within <tool_call></tool_call> XML tags:" followed by a bare JSON line.
+    Here a system message keeps those two tags (everything else is stripped as tunix strips
+    it); the user's, the assistant's and the tools' messages are tunix's."""
+
+    def _parse_message(self, message: dict[str, str]) -> str:
+        if message["role"] != "system":
+            return super()._parse_message(message)
+        tags = {self.tokens.tool_start_token, self.tokens.tool_end_token}
+        content = tunix_compat.sanitize_control_tokens(
+            message["content"],
+            extra_tokens=self._tokens_to_sanitize - tags,
+            include_default=not self._tokens_to_sanitize,
+        )
+        return self._parse_system(content)
 
 
 class ScalarTaskEnvironment(tunix_compat.TaskEnvironment):
