@@ -160,7 +160,13 @@ MEMBERS: dict[str, tuple[str, ...]] = {
     "TaskEnvironment": ("_initial_observation", "task"),
     "ToolEnvironment": ("_initial_observation", "task"),
     "ToolAgent": ("update_from_model", "tool_parser"),
-    "QwenChatTemplateParser": ("_parse_message", "_parse_system", "_tokens_to_sanitize", "tokens"),
+    "QwenChatTemplateParser": (
+        "_parse_message",
+        "_parse_system",
+        "_parse_assistant",
+        "_tokens_to_sanitize",
+        "tokens",
+    ),
     "TrajectoryCollectEngine": ("_one_step",),
 }
 

@@ -3,12 +3,12 @@
 Owns `serve_agentic`, which puts `AgenticModelCall` in place of a built learner's model call,
 `ScalarTaskEnvironment` / `ScalarToolEnvironment` (tunix's single-turn and tool-calling
 environments, their fields unwrapped) and `ToolPromptChatParser` (tunix's Qwen chat parser,
-the tool-call example of a system message intact). With `ToolAgent` and `ScalarToolEnvironment`
-an episode is multi-turn: a tool's output comes back as a `tool` message, which tunix trains as
-prompt tokens (masked) and the next turn here is sampled from, token in. tunix's
-orchestrator runs up to `max_concurrency` episodes at once, each calling the model with one
-chat at a time from a thread pool; our engine batches those calls (`engine.call_gate`). What
-the model call changes, each for a named tunix fault:
+the tool-call tags of system and assistant messages intact). With `ToolAgent` and
+`ScalarToolEnvironment` an episode is multi-turn: a tool's output comes back as a `tool`
+message, which tunix trains as prompt tokens (masked) and the next turn here is sampled from,
+token in. tunix's orchestrator runs up to `max_concurrency` episodes at once, each calling the
+model with one chat at a time from a thread pool; our engine batches those calls
+(`engine.call_gate`). What the model call changes, each for a named tunix fault:
 
 - **Token in, token out** (`token_in=True`, the default). tunix trains an episode as its first
   prompt's ids, then each turn's sampled tokens and the environment's messages tokenized by
@@ -234,18 +234,24 @@ def _scalar(value: Any) -> Any:
 
 
 class ToolPromptChatParser(tunix_compat.QwenChatTemplateParser):
-    """tunix's `QwenChatTemplateParser`, its system message keeping the tool-call tags.
+    """tunix's `QwenChatTemplateParser`, its system and assistant messages keeping the
+    tool-call tags.
 
     tunix's parser strips its own control strings from every message's content, its tool-call
     tags `"\n<tool_call>\n"` / `"\n</tool_call>"` among them (`parser.py:59-63,116-121` at
     0.1.7 and main). The system message `ToolAgent` writes holds the tool-call example of its
     tool parser (`qwen_parser.py:116-119`), whose tags are exactly those strings: the model was
     told to answer "within <tool_call></tool_call> XML tags:" followed by a bare JSON line.
-    Here a system message keeps those two tags (everything else is stripped as tunix strips
-    it); the user's, the assistant's and the tools' messages are tunix's."""
+    `ToolAgent` records the model's whole response as the assistant message
+    (`tool_agent.py:150`), so wherever a chat is rendered to text again (tunix's
+    `token_in=False` path, a held-out evaluation) the model's own calls lost their tags in
+    later turns' prompts. Here system and assistant messages keep those two tags (everything
+    else is stripped as tunix strips it); the user's and the tools' messages are tunix's."""
+
+    _KEEPS_TOOL_TAGS = ("system", "assistant")
 
     def _parse_message(self, message: dict[str, str]) -> str:
-        if message["role"] != "system":
+        if message["role"] not in self._KEEPS_TOOL_TAGS:
             return super()._parse_message(message)
         tags = {self.tokens.tool_start_token, self.tokens.tool_end_token}
         content = tunix_compat.sanitize_control_tokens(
@@ -253,7 +259,9 @@ class ToolPromptChatParser(tunix_compat.QwenChatTemplateParser):
             extra_tokens=self._tokens_to_sanitize - tags,
             include_default=not self._tokens_to_sanitize,
         )
-        return self._parse_system(content)
+        if message["role"] == "system":
+            return self._parse_system(content)
+        return self._parse_assistant(content)
 
 
 class ScalarTaskEnvironment(tunix_compat.TaskEnvironment):
