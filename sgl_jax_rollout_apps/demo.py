@@ -129,6 +129,18 @@ def _rollout_micro_batch(preset: tpu_configs.Preset | None, prompts: int) -> int
     return preset.rollout_micro_batch_size
 
 
+def _train_batches(config: DemoConfig, prompts: int) -> dict[str, int | None]:
+    """tunix's mini_batch_size and train_micro_batch_size (which needs the first). Tool
+    episodes train in steps of one prompt's samples by default: a step of them all, some 800
+    tokens each, asked XLA for 130 GB on SmolLM2-135M (2026-12-06)."""
+    micro = config.train_micro_batch_size
+    if micro is None and config.tools is not None:
+        micro = 1
+        log.info("tool episodes: the trainer accumulates each update over steps of 1 prompt")
+    mini = config.mini_batch_size or (prompts if micro is not None else None)
+    return {"mini_batch_size": mini, "train_micro_batch_size": micro}
+
+
 def build(config: DemoConfig):
     """(cluster, learner) of the demo: the toy task on the built-in model (or `model_path`)."""
     import optax
@@ -170,7 +182,7 @@ def build(config: DemoConfig):
         critic_optimizer=optax.adam(config.learning_rate) if config.algo == "ppo" else None,
         eval_every_n_steps=10**9,
         max_steps=config.steps,
-        mini_batch_size=config.mini_batch_size,
+        **_train_batches(config, per_process),
         rollout_micro_batch_size=_rollout_micro_batch(preset, per_process),
     )
     cluster = build_cluster(

@@ -87,6 +87,9 @@ class DemoConfig:
     temperature: float = 1.0
     num_iterations: int = 1  # optimizer passes over each batch
     mini_batch_size: int | None = None  # prompts per optimizer update; None: the step's all
+    # prompts per train step (tunix's train_micro_batch_size: the update's gradient accumulated
+    # over steps of this many prompts' samples); None: the mini-batch, or 1 with tools
+    train_micro_batch_size: int | None = None
     tis_cap: float | None = None  # GRPO / EGPO: TIS against the trainer instead of rollout-old
     # GRPO / EGPO off-policy correction (`RolloutGRPOConfig.is_correction`), with the trainer
     # as the old policy; `top_entropy_quantile`: forking tokens only carry the policy gradient.
@@ -162,6 +165,12 @@ class DemoConfig:
         for name in ("steps", "prompts_per_step", "max_tokens", "num_iterations"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        micro, mini = self.train_micro_batch_size, self.mini_batch_size or self.prompts_per_step
+        if micro is not None and (micro < 1 or mini % micro):
+            raise ValueError(
+                f"train_micro_batch_size must be >= 1 and divide the mini-batch ({mini} "
+                f"prompts), got {micro}"
+            )
         if self.num_generations < 2:
             raise ValueError(f"num_generations must be >= 2, got {self.num_generations}")
         if self.lora_rank < 0:

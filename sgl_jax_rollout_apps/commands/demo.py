@@ -154,6 +154,14 @@ def add_parser(sub: argparse._SubParsersAction, presets: str) -> None:
         "step's prompts)",
     )
     demo.add_argument(
+        "--train-micro-batch-size",
+        type=int,
+        default=None,
+        help="prompts per train step, tunix's train_micro_batch_size: each update's gradient "
+        "is accumulated over steps of this many prompts' samples, to fit memory (default: the "
+        "mini-batch; with --tools: 1)",
+    )
+    demo.add_argument(
         "--tis-cap",
         type=float,
         default=None,
@@ -240,6 +248,7 @@ def _demo(args: argparse.Namespace) -> int:
             seed=args.seed,
             num_iterations=args.num_iterations,
             mini_batch_size=args.mini_batch_size,
+            train_micro_batch_size=args.train_micro_batch_size,
             tis_cap=args.tis_cap,
             **variant_fields(args),
             **group_sampling_fields(args),

@@ -55,6 +55,8 @@ def test_preset_of_another_slice_exits_2_naming_the_device_count(capsys):
         ({"learner": "agentic", "max_concurrency": 0}, "max_concurrency must be >= 1"),
         ({"learner": "agentic", "tis_cap": 2.0}, "tis_cap does not apply"),
         ({"learner": "agentic", "filter_groups": "verl"}, "do not apply to learner='agentic'"),
+        ({"train_micro_batch_size": 3}, "train_micro_batch_size must be >= 1 and divide"),
+        ({"train_micro_batch_size": 0}, "train_micro_batch_size must be >= 1"),
     ],
 )
 def test_bad_demo_settings_raise_naming_the_field(kwargs, field):
@@ -87,6 +89,19 @@ def test_tool_episodes_take_longer_turns_unless_the_flag_says():
     agentic = ["demo", "--learner", "agentic", "--task", "arithmetic", "--tools", "calculator"]
     assert _run_size_fields(parser.parse_args(agentic))["max_tokens"] == TOOL_TURN_TOKENS
     assert _run_size_fields(parser.parse_args([*agentic, "--max-tokens", "30"]))["max_tokens"] == 30
+
+
+def test_tool_episodes_train_in_steps_of_one_prompt_unless_the_flag_says():
+    from sgl_jax_rollout_apps.demo import _train_batches
+
+    tools = DemoConfig(learner="agentic", task="arithmetic", tools="calculator")
+    assert _train_batches(tools, 8) == {"mini_batch_size": 8, "train_micro_batch_size": 1}
+    assert _train_batches(DemoConfig(), 4) == {
+        "mini_batch_size": None,
+        "train_micro_batch_size": None,
+    }
+    two = DemoConfig(train_micro_batch_size=2)
+    assert _train_batches(two, 4) == {"mini_batch_size": 4, "train_micro_batch_size": 2}
 
 
 def test_bad_cli_values_exit_2_without_traceback(capsys):
