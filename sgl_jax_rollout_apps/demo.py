@@ -130,13 +130,8 @@ def _rollout_micro_batch(preset: tpu_configs.Preset | None, prompts: int) -> int
 
 
 def _train_batches(config: DemoConfig, prompts: int) -> dict[str, int | None]:
-    """tunix's mini_batch_size and train_micro_batch_size (which needs the first). Tool
-    episodes train in steps of one prompt's samples by default: a step of them all, some 800
-    tokens each, asked XLA for 130 GB on SmolLM2-135M (2026-12-06)."""
+    """tunix's mini_batch_size and train_micro_batch_size (which needs the first)."""
     micro = config.train_micro_batch_size
-    if micro is None and config.tools is not None:
-        micro = 1
-        log.info("tool episodes: the trainer accumulates each update over steps of 1 prompt")
     mini = config.mini_batch_size or (prompts if micro is not None else None)
     return {"mini_batch_size": mini, "train_micro_batch_size": micro}
 

@@ -88,7 +88,7 @@ class DemoConfig:
     num_iterations: int = 1  # optimizer passes over each batch
     mini_batch_size: int | None = None  # prompts per optimizer update; None: the step's all
     # prompts per train step (tunix's train_micro_batch_size: the update's gradient accumulated
-    # over steps of this many prompts' samples); None: the mini-batch, or 1 with tools
+    # over steps of this many prompts' samples); None: the mini-batch
     train_micro_batch_size: int | None = None
     tis_cap: float | None = None  # GRPO / EGPO: TIS against the trainer instead of rollout-old
     # GRPO / EGPO off-policy correction (`RolloutGRPOConfig.is_correction`), with the trainer

@@ -159,7 +159,7 @@ def add_parser(sub: argparse._SubParsersAction, presets: str) -> None:
         default=None,
         help="prompts per train step, tunix's train_micro_batch_size: each update's gradient "
         "is accumulated over steps of this many prompts' samples, to fit memory (default: the "
-        "mini-batch; with --tools: 1)",
+        "mini-batch)",
     )
     demo.add_argument(
         "--tis-cap",

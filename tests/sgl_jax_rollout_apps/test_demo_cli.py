@@ -91,17 +91,17 @@ def test_tool_episodes_take_longer_turns_unless_the_flag_says():
     assert _run_size_fields(parser.parse_args([*agentic, "--max-tokens", "30"]))["max_tokens"] == 30
 
 
-def test_tool_episodes_train_in_steps_of_one_prompt_unless_the_flag_says():
+def test_a_train_micro_batch_sets_the_mini_batch_tunix_requires_with_it():
     from sgl_jax_rollout_apps.demo import _train_batches
 
-    tools = DemoConfig(learner="agentic", task="arithmetic", tools="calculator")
-    assert _train_batches(tools, 8) == {"mini_batch_size": 8, "train_micro_batch_size": 1}
     assert _train_batches(DemoConfig(), 4) == {
         "mini_batch_size": None,
         "train_micro_batch_size": None,
     }
     two = DemoConfig(train_micro_batch_size=2)
     assert _train_batches(two, 4) == {"mini_batch_size": 4, "train_micro_batch_size": 2}
+    mini = DemoConfig(mini_batch_size=2, train_micro_batch_size=1)
+    assert _train_batches(mini, 4) == {"mini_batch_size": 2, "train_micro_batch_size": 1}
 
 
 def test_bad_cli_values_exit_2_without_traceback(capsys):
