@@ -240,6 +240,21 @@ def perturbed(state, scale: float = 0.5, seed: int = 0):
     return jax.tree_util.tree_unflatten(treedef, noisy)
 
 
+def after_asyncio_run(fn):
+    """`fn()`'s result, called on a new thread once `asyncio.run` has ended there: a caller
+    whose thread has no event loop left, as the main thread of a program that drove a tunix
+    worker with `asyncio.run`."""
+    import asyncio
+    import concurrent.futures
+
+    def call():
+        asyncio.run(asyncio.sleep(0))
+        return fn()
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(call).result()
+
+
 TEST_SETTINGS = dict(
     max_running_requests=16,
     precompile_bs_paddings=(1, 4, 16),

@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED
 from pathlib import Path
 from typing import Any
@@ -105,6 +105,41 @@ class EngineProcess:
         self.model_runner = upstream.model_runner_of(self.scheduler)
         self.weights = WeightSwapper(self.model_runner, model_type, lora)
 
+    def abort_requests(self, rids: Sequence[str] | None = None) -> None:
+        """Aborts the requests `rids` (every request when None) through upstream's
+        `Engine.abort_request`, run on the engine's own event loop and waited for.
+
+        Upstream sends the abort on the tokenizer manager's `zmq.asyncio` socket
+        (`TokenizerManager.abort_request`, `managers/tokenizer_manager.py:713-717` at cddbf6f1),
+        whose send asks the calling thread for its event loop: from a thread that has none (any
+        thread but the main one, or the main thread once `asyncio.run` has ended there) it
+        raised RuntimeError and the requests ran on. On the engine's loop it finds that loop,
+        and the socket, which is not thread-safe, is used by that one thread only (every
+        request is sent from there too)."""
+        engine = self.engine
+        if engine is None:
+            return
+
+        def send() -> None:
+            if rids is None:
+                engine.abort_request(abort_all=True)
+            for rid in rids or ():
+                engine.abort_request(rid=rid)
+
+        loop = engine.loop
+        try:
+            on_loop = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            on_loop = False
+        if on_loop or not loop.is_running():  # its own thread, or a start that failed early
+            send()
+            return
+
+        async def on_engine_loop() -> None:
+            send()
+
+        asyncio.run_coroutine_threadsafe(on_engine_loop(), loop).result(STOP_TIMEOUT_S)
+
     def check_open(self) -> None:
         if self.hooks.ended.done():
             raise RuntimeError(self.hooks.ended.result())
@@ -149,10 +184,9 @@ class EngineProcess:
         """
         hooks, engine = self.hooks, self.engine
         hooks.end(reason)
-        manager = getattr(engine, "tokenizer_manager", None) if engine is not None else None
-        if manager is not None:
+        if getattr(engine, "loop", None) is not None:
             with contextlib.suppress(Exception):
-                manager.abort_request(abort_all=True)
+                self.abort_requests()
         patches.deactivate(hooks)  # sets stop: the scheduler and our watchdog leave their loops
         _join_threads(SCHEDULER_THREAD_PREFIX)
         if hooks.scheduler is not None and not upstream.stop_forward_thread(

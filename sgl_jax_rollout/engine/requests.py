@@ -275,13 +275,12 @@ class Requests:
 
     def abort(self, reason: str) -> None:
         """`RolloutEngine.abort`: every call running now ends, naming `reason`."""
-        engine = self._process.engine
-        if engine is None or self._process.hooks.ended.done():
+        if self._process.engine is None or self._process.hooks.ended.done():
             return
         with self._calls_lock:
             for call in self._calls:
                 call.abort_reason = reason
-        engine.abort_request(abort_all=True)
+        self._process.abort_requests()
 
     def _failure(self, out: dict, done: Completion | None, call: _CallState) -> str | None:
         """Why a request's completion cannot be returned, or None."""
@@ -344,14 +343,13 @@ class Requests:
         return out if isinstance(out, list) else [out]
 
     def _abort(self, rids: Sequence[str]) -> None:
-        engine = self._process.engine
-        if engine is None or self._process.hooks.ended.done():
+        if self._process.engine is None or self._process.hooks.ended.done():
             return
-        for rid in rids:
-            try:
-                engine.abort_request(rid=rid)
-            except Exception:  # the engine may already be gone; nothing more to release
-                logger.debug("abort of %s failed", rid, exc_info=True)
+        try:
+            self._process.abort_requests(rids)
+        except Exception:  # a shutdown may have begun since; else the requests run on
+            if not self._process.hooks.ended.done():
+                logger.warning("the abort of %d request(s) failed", len(rids), exc_info=True)
 
 
 def reported_input_id(token: int, vocab_size: int) -> int:

@@ -23,6 +23,7 @@ from sgl_jax_rollout.engine import patches, sampler_module
 from sgl_jax_rollout.engine.collector import Collector
 from sgl_jax_rollout.engine.patches import sampler_hooks
 from sgl_jax_rollout.tunix_compat import RolloutConfig
+from tests.conftest import after_asyncio_run
 
 pytestmark = pytest.mark.engine
 
@@ -188,7 +189,10 @@ def test_a_fault_while_scoring_fails_the_scoring_call_only(rollout, reference, m
     still_serving(rollout, reference)
 
 
-def test_an_abort_in_the_middle_of_a_batch_ends_the_call_and_the_engine_goes_on(rollout, reference):
+@pytest.mark.parametrize("aborter", ["main thread", "thread after asyncio.run"])
+def test_an_abort_in_the_middle_of_a_batch_ends_the_call_and_the_engine_goes_on(
+    rollout, reference, aborter
+):
     errors: list[BaseException] = []
     started = time.perf_counter()
 
@@ -210,7 +214,10 @@ def test_an_abort_in_the_middle_of_a_batch_ends_the_call_and_the_engine_goes_on(
     # some steps ran: the requests are in the running batch (a 400-token call takes about a
     # second on a 2-core CPU, so the abort comes well before its end)
     time.sleep(0.05)
-    engine.abort("test abort")
+    if aborter == "main thread":
+        engine.abort("test abort")
+    else:  # a thread with no event loop left (upstream's abort once raised there)
+        after_asyncio_run(lambda: engine.abort("test abort"))
     caller.join(60)
     assert not caller.is_alive()
     assert len(errors) == 1 and isinstance(errors[0], RuntimeError), errors

@@ -16,6 +16,7 @@ from flax import nnx
 from sgl_jax_rollout.engine.rows import RequestSpec
 from sgl_jax_rollout.partial import PausedGroups
 from sgl_jax_rollout.sampling.options import SamplingOptions
+from tests.conftest import after_asyncio_run
 from tests.conftest import perturbed as perturbed_state
 from tests.sgl_jax_rollout.test_rollout import comparable, config, padded, trainer_logps
 
@@ -100,12 +101,14 @@ def test_more_repeated_prompts_than_running_requests_are_prefilled_in_turns(roll
     assert state["running"] == state["waiting"] == 0
 
 
-def test_early_stop_returns_the_first_complete_groups_and_frees_the_rest(rollout):
+@pytest.mark.parametrize("caller", ["main thread", "thread after asyncio.run"])
+def test_early_stop_returns_the_first_complete_groups_and_frees_the_rest(rollout, caller):
     """6 groups of 2; groups 0-2 end after 5 tokens, groups 3-5 would run 40. With
     need_groups=3 the call returns after the short groups: those rows equal the free run's
     tokens and logprobs (same seeds), the others come back None, and the engine holds nothing
     of them (no request running or queued, no KV held, every slot free or cached, stores
-    empty)."""
+    empty). The same from a caller whose thread has no event loop (the aborts once failed
+    there and the long groups ran to their end)."""
     engine = rollout.engine
     prompts = [engine.tokenizer.encode(f"group {g}: the quick brown fox") for g in range(6)]
     rows = [p for p in prompts for _ in range(2)]
@@ -125,8 +128,9 @@ def test_early_stop_returns_the_first_complete_groups_and_frees_the_rest(rollout
 
     flush(rollout)
     runner.forward = spy
-    try:
-        got = engine.generate(
+
+    def early_stop():
+        return engine.generate(
             rows,
             specs,
             [5] * 6 + [40] * 6,
@@ -134,6 +138,9 @@ def test_early_stop_returns_the_first_complete_groups_and_frees_the_rest(rollout
             groups=[i // 2 for i in range(len(rows))],
             need_groups=3,
         )
+
+    try:
+        got = early_stop() if caller == "main thread" else after_asyncio_run(early_stop)
     finally:
         del runner.forward
     assert [c is not None for c in got] == [True] * 6 + [False] * 6
