@@ -40,6 +40,10 @@ class RolloutOutputWithEntropy(RolloutOutput):
     # `[len(tokens[i])]`; its logprob is under that version. One version per completion but
     # with partial rollouts, whose continued samples span versions.
     versions: list[np.ndarray] | None = None
+    # Why each completion ended, as sgl-jax reports it: "stop" (an EOS, a stop token or
+    # string, a sampled pad), "length" (its max new tokens), "abort". None with partial
+    # rollouts, whose samples end across calls.
+    finish_reasons: list[str] | None = None
 
 
 def completion_text(
@@ -74,6 +78,7 @@ def assemble(
     else:
         extra = _routing(samples, [len(r) for r in rows])
         extra["versions"] = [np.full(len(s.tokens), s.weights_version, np.int32) for s in samples]
+        extra["finish_reasons"] = [_reason(s.finish_reason) for s in samples]
     return RolloutOutputWithEntropy(
         text=[completion_text(tokenizer, s.tokens, stops, options.trimmed_stops) for s in samples],
         logits=None,
@@ -83,6 +88,14 @@ def assemble(
         entropy=_per_row(samples, "entropy") if options.return_entropy else None,
         **extra,
     )
+
+
+def _reason(finish_reason: Any) -> str:
+    """sgl-jax's finish reason (`{"type": "stop", ...}`, `Req.finished_reason.to_json()`) as
+    its type."""
+    if isinstance(finish_reason, dict):
+        return str(finish_reason.get("type"))
+    return str(finish_reason)
 
 
 def _per_row(samples: list[Any], field: str) -> list[np.ndarray]:

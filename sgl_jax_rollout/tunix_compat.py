@@ -92,6 +92,16 @@ SYMBOLS: dict[str, tuple[tuple[str, str], ...]] = {
     "get_recent_assistant_user_messages": (
         ("tunix.rl.agentic.utils", "get_recent_assistant_user_messages"),
     ),
+    # tunix main's distributed RL (tunix/experimental/, none in 0.1.7): its rollout worker and
+    # the engine-neutral Sampler protocol it serves through (tunix_adapter/tunix_sampler.py)
+    "ExperimentalSampler": (("tunix.experimental.rollout.sampler", "Sampler"),),
+    "SamplingRequest": (("tunix.experimental.rollout.sampler", "SamplingRequest"),),
+    "TunixSamplingParams": (("tunix.experimental.rollout.sampler", "SamplingParams"),),
+    "SamplingResponse": (("tunix.experimental.rollout.sampler", "SamplingResponse"),),
+    "SamplerLoadInfo": (("tunix.experimental.rollout.sampler", "LoadInfo"),),
+    "WeightSyncRequest": (("tunix.experimental.rollout.sampler", "WeightSyncRequest"),),
+    "ErrorInfo": (("tunix.experimental.common.datatypes", "ErrorInfo"),),
+    "RolloutWorker": (("tunix.experimental.worker.rollout_worker", "RolloutWorker"),),
     # the rollouts we compare with and benchmark against
     "VanillaRollout": (("tunix.rl.rollout.vanilla_rollout", "VanillaRollout"),),
     "TunixSglangJaxRollout": (("tunix.rl.rollout.sglang_jax_rollout", "SglangJaxRollout"),),
@@ -118,57 +128,40 @@ MEMBERS: dict[str, tuple[str, ...]] = {
         "model",
     ),
     "RLCluster": (
-        "generate",
-        "rollout",
-        "actor_trainer",
-        "get_actor_per_token_logps",
-        "get_old_per_token_logps",
-        "get_rollout_config",
-        "buffer_metrics",
-        "sync_weights",
-        "update_actor",
-        "cluster_config",
-        "_anchor_policy_state",
+        *("generate", "rollout", "actor_trainer", "get_actor_per_token_logps"),
+        *("get_old_per_token_logps", "get_rollout_config", "buffer_metrics", "sync_weights"),
+        *("update_actor", "cluster_config", "_anchor_policy_state"),
     ),
     "GRPOLearner": (
-        "_generate_and_compute_advantage",
-        "_compute_rewards",
-        "_prepare_data",
-        "reward_manager",
-        "_compute_logps_micro_batch_size",
-        "should_sync_weights",
-        "rl_cluster",
-        "algo_config",
+        *("_generate_and_compute_advantage", "_compute_rewards", "_prepare_data"),
+        *("reward_manager", "_compute_logps_micro_batch_size", "should_sync_weights"),
+        *("rl_cluster", "algo_config"),
     ),
     "TrainExample": (
-        "old_per_token_logps",
-        "sampler_is_weights",
-        "prompt_ids",
-        "completion_ids",
+        *("old_per_token_logps", "sampler_is_weights", "prompt_ids", "completion_ids"),
         "completion_mask",
     ),
     "VanillaRollout": ("generate", "_sampler"),
     "rl_utils": ("_is_same_state",),
     "AgenticGRPOLearner": (
-        "_model_call",
-        "_rollout_sync_lock",
-        "chat_parser",
-        "tokenizer",
-        "policy_version",
+        *("_model_call", "_rollout_sync_lock", "chat_parser", "tokenizer", "policy_version"),
         "should_sync_weights",
     ),
     "TaskEnvironment": ("_initial_observation", "task"),
     "ToolEnvironment": ("_initial_observation", "task"),
     "ToolAgent": ("update_from_model", "tool_parser"),
     "QwenChatTemplateParser": (
-        "_parse_message",
-        "_parse_system",
-        "_parse_assistant",
-        "_tokens_to_sanitize",
+        *("_parse_message", "_parse_system", "_parse_assistant", "_tokens_to_sanitize"),
         "tokens",
     ),
     "TrajectoryCollectEngine": ("_one_step",),
+    "SamplingRequest": ("prompt", "sampling_params", "request_id"),
+    "WeightSyncRequest": ("policy_version", "extra_config"),
 }
+# tunix main's alone: `check_all` checks them only where `tunix.experimental` imports.
+EXPERIMENTAL = frozenset(
+    name for name, places in SYMBOLS.items() if places[0][0].startswith("tunix.experimental")
+)
 
 __all__ = sorted(
     [
@@ -176,6 +169,7 @@ __all__ = sorted(
         *MODULES,
         "agentic_keeps_full_turn",
         "check_all",
+        "has_experimental",
         "model_module",
         "per_token_logps_and_logits",
         "ppo_learner",
@@ -377,11 +371,19 @@ def transfer_state_checked(**kwargs: Any) -> Any:
 
 def check_all(names: tuple[str, ...] | None = None) -> None:
     """Resolves every name (or `names`) and checks its members; raises `TunixIncompatible`
-    naming the first that fails. `VllmRollout` needs vLLM and is checked only where it imports."""
+    naming the first that fails. `VllmRollout` needs vLLM and is checked only where it imports;
+    tunix main's `EXPERIMENTAL` names only where `tunix.experimental` does."""
     for name in names or (*SYMBOLS, *MODULES):
         if name == "VllmRollout" and importlib.util.find_spec("vllm") is None:
             continue
+        if name in EXPERIMENTAL and not has_experimental():
+            continue
         __getattr__(name)
+
+
+def has_experimental() -> bool:
+    """Whether the installed tunix has `tunix.experimental` (tunix main; 0.1.7 has none)."""
+    return importlib.util.find_spec("tunix.experimental") is not None
 
 
 def _version() -> str:

@@ -174,7 +174,7 @@ def pytest_collection_modifyitems(config, items):
         if item.get_closest_marker("tpu") is not None and not _has_tpu():
             item.add_marker(pytest.mark.skip(reason="no TPU present"))
         if item.get_closest_marker("tunix_main") is not None and not _is_tunix_main():
-            item.add_marker(pytest.mark.skip(reason="tunix 0.1.7: no use_rollout_logps"))
+            item.add_marker(pytest.mark.skip(reason="needs tunix main (make test-tunix-main)"))
 
 
 def _touches_tunix(item) -> bool:

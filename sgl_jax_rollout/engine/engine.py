@@ -33,6 +33,7 @@ from sgl_jax_rollout.engine import memory, patches, rope_phases
 from sgl_jax_rollout.engine.availability import require_sgl_jax
 from sgl_jax_rollout.engine.call_gate import CallGate
 from sgl_jax_rollout.engine.collector import Collector, Completion
+from sgl_jax_rollout.engine.load import EngineLoad, read_load
 from sgl_jax_rollout.engine.lora import LoraLayout, engine_lora_args
 from sgl_jax_rollout.engine.memory_lifecycle import MemoryLifecycle
 from sgl_jax_rollout.engine.process import (
@@ -261,6 +262,11 @@ class RolloutEngine:
     def weights_version(self) -> int:
         """Weight swaps so far (`update_weights` calls that completed)."""
         return self._weight_updates.version
+
+    def load(self) -> EngineLoad:
+        """The requests the engine queues and runs, its KV pool's use and the calls at its
+        gate, now (`engine.load`: read while it runs, a snapshot)."""
+        return read_load(self._process.scheduler, self._gate)
 
     # Memory.
     def release_memory(

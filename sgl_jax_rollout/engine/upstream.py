@@ -116,6 +116,7 @@ FUNCTIONS: dict[str, tuple[str, ...]] = {
     "Scheduler.__init__": ("self", "server_args", "port_args"),
     "Scheduler.run_batch": ("self", "batch"),
     "Scheduler.watchdog_thread": ("self",),
+    "Scheduler._get_token_info": ("self",),  # load.py
     "DetokenizerManager.handle_batch_token_id_out": ("self", "recv_obj"),
     "ModelWorker.__init__": ("self",),
     "ModelWorker.run_precompile": ("self",),
@@ -205,7 +206,7 @@ ATTRIBUTES: dict[str, tuple[str, ...]] = {
     "Scheduler": (
         *("tp_worker", "enable_overlap", "server_args", "forward_ct", "cur_batch"),
         *("recv_from_tokenizer", "recv_from_rpc", "running_batch", "waiting_queue"),
-        "result_queue",
+        *("result_queue", "max_total_num_tokens"),
     ),
     "ModelWorker": ("worker", "model_runner", "sync_queue"),
     "ModelWorkerClient": ("worker", "input_queue", "forward_thread", "async_gather_fn"),
@@ -227,7 +228,7 @@ ATTRIBUTES: dict[str, tuple[str, ...]] = {
         *("sampling_params", "finished_reason", "to_finish", "routed_experts"),
     ),
     "GenerateReqInput": ("return_routed_experts",),
-    "ScheduleBatch": ("reqs_info", "per_dp_bs_size", "forward_mode"),
+    "ScheduleBatch": ("reqs_info", "per_dp_bs_size", "forward_mode", "is_empty", "batch_size"),
     "ScheduleReqsInfo": ("reqs", "batch_is_full"),
     "ModelWorkerBatch": ("sampling_info", "return_logprob", "return_output_logprob_only"),
     "SamplingBatchInfo": ("temperatures",),

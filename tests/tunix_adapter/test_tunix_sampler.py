@@ -1,0 +1,161 @@
+"""`SglangJaxSampler` on the session engine, under tunix main (tunix 0.1.7 has no
+`tunix.experimental`): `sample` (prompt kinds, per-request params, per-request errors,
+concurrency, load figures) against tunix's trainer, and weight-sync rounds driven by tunix's
+own `RolloutWorker` (mirroring tunix's `tests/experimental/worker/
+rollout_worker_weight_sync_test.py` with the real engine in place of its fake sampler)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from tests.conftest import perturbed
+from tests.sgl_jax_rollout.test_rollout import comparable, trainer_logps
+
+pytestmark = [pytest.mark.engine, pytest.mark.tunix_main]
+
+WIDTH = 64  # the trainer scores prompts and completions padded to these: one compiled shape
+PROMPT_WIDTH = 32
+
+
+def _requests(tc, **params):
+    return tc.SamplingRequest(
+        request_id=params.pop("request_id", ""),
+        prompt=params.pop("prompt"),
+        sampling_params=tc.TunixSamplingParams(**params),
+    )
+
+
+def _trainer_logps(trainer, rollout, response) -> np.ndarray:
+    completion = np.full((1, WIDTH), rollout.pad_id(), np.int32)
+    completion[0, : len(response.token_ids)] = response.token_ids
+    prompt = np.full((1, PROMPT_WIDTH), rollout.pad_id(), np.int32)
+    prompt[0, PROMPT_WIDTH - len(response.prompt_token_ids) :] = response.prompt_token_ids
+    logps = trainer_logps(trainer, rollout, jnp.asarray(prompt), jnp.asarray(completion))[0]
+    return np.asarray(logps[0])
+
+
+def _assert_aligned(trainer, rollout, response) -> None:
+    k = comparable(response.token_ids, rollout.pad_id())
+    reference = _trainer_logps(trainer, rollout, response)
+    np.testing.assert_allclose(response.logprobs[:k], reference[:k], atol=1e-4)
+
+
+def test_sample_serves_every_prompt_kind_and_answers_bad_requests_alone(rollout, trainer):
+    from sgl_jax_rollout import tunix_compat as tc
+    from tunix_adapter.tunix_sampler import SglangJaxSampler
+
+    sampler = SglangJaxSampler("s0", rollout)
+    sampler.initialize()
+    assert isinstance(sampler, tc.ExperimentalSampler)
+    text = "the quick brown fox"
+    ids = rollout.prompt_token_ids([text], 64)[0]
+    requests = [
+        _requests(tc, request_id="text", prompt=text, max_tokens=12, seed=1, return_logprobs=True),
+        _requests(tc, request_id="ids", prompt=np.asarray(ids[1:]), max_tokens=3, seed=2),
+        _requests(tc, request_id="chat", prompt=[{"role": "user", "content": "hi"}], seed=3),
+        _requests(tc, request_id="beam", prompt=text, beam_size=2),
+        _requests(tc, request_id="bad", prompt={"role": "user"}),
+        _requests(tc, request_id="temp", prompt=text, temperature=-1.0),
+        "1 2 3 4",  # a bare prompt: tunix's SamplingParams() defaults
+    ]
+    responses = asyncio.run(sampler.sample(requests, return_logprobs=True))
+    by_id = {r.request_id: r for r in responses[:-1]}
+    for name in ("beam", "bad", "temp"):
+        assert by_id[name].finish_reason == "error" and by_id[name].token_ids.size == 0
+    assert "beam_size" in by_id["beam"].error.message
+    assert "prompt must be a string" in by_id["bad"].error.message
+    assert "temperature" in by_id["temp"].error.message
+    assert by_id["text"].prompt_token_ids.tolist() == ids  # encoded as generate encodes
+    assert by_id["ids"].prompt_token_ids.tolist() == ids[1:]  # used as given
+    assert by_id["ids"].finish_reason == "length" and len(by_id["ids"].token_ids) == 3
+    chat = rollout.engine.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=True
+    )
+    assert by_id["chat"].prompt_token_ids.tolist() == list(chat)
+    for response in (by_id["text"], by_id["ids"], by_id["chat"], responses[-1]):
+        assert response.error is None and response.logprobs.shape == response.token_ids.shape
+        assert response.metadata["policy_version"] == 0
+        _assert_aligned(trainer, rollout, response)
+    # seeded: the same request alone samples the same tokens
+    alone = asyncio.run(sampler.sample(_requests(tc, prompt=text, max_tokens=12, seed=1)))
+    assert alone.token_ids.tolist() == by_id["text"].token_ids.tolist() and alone.logprobs is None
+
+    async def watched():
+        many = [_requests(tc, prompt=text, max_tokens=WIDTH, seed=s) for s in range(16)]
+        task = asyncio.ensure_future(sampler.sample(many))
+        seen = []
+        while not task.done():
+            seen.append(await sampler.get_load_info())
+            await asyncio.sleep(0.02)
+        return await task, seen, await sampler.get_load_info()
+
+    done, seen, after = asyncio.run(watched())
+    assert all(r.error is None for r in done)
+    busy = [s for s in seen if s.num_requests_running + s.num_requests_waiting]
+    assert busy and all(0 < s.kv_cache_usage_perc <= 100 for s in busy)
+    assert after.num_requests_running == after.num_requests_waiting == 0
+    asyncio.run(sampler.stop())
+    with pytest.raises(RuntimeError, match="stopped"):
+        asyncio.run(sampler.sample(text))
+
+
+def test_weight_sync_rounds_under_tunix_rollout_worker(rollout, trainer):
+    from sgl_jax_rollout import tunix_compat as tc
+    from tunix_adapter.tunix_sampler import SglangJaxSampler
+
+    sampler = SglangJaxSampler("s1", rollout)
+    worker = tc.RolloutWorker(
+        "w0", sampler=sampler, tokenizer=rollout.engine.tokenizer, chat_parser=object()
+    )
+    worker.initialize()
+    text = "1 2 3 4 5 6 7 8"
+    request = _requests(tc, prompt=text, max_tokens=WIDTH, seed=5, return_logprobs=True)
+
+    def round_of(uuid, version):
+        return tc.WeightSyncRequest(
+            policy_version=version, extra_config={"req_id": f"r{uuid}", "uuid": uuid}
+        )
+
+    original = jax.tree_util.tree_map(jnp.copy, nnx.state(trainer, nnx.Param))
+    new = perturbed(nnx.state(trainer, nnx.Param), seed=3)
+
+    async def rounds():
+        before = await sampler.sample(request)
+        aborted = round_of(1, 1)
+        await worker.pre_weight_sync(aborted)
+        await worker.weight_sync(aborted, weights=new)
+        staged = await sampler.sample(request)  # staging touches nothing
+        await sampler.abort_weight_sync(aborted)
+        await worker.abort_weight_sync(aborted)
+        after_abort = await sampler.sample(request)
+        with pytest.raises(RuntimeError, match="weight_sync"):
+            await sampler.post_weight_sync(aborted)
+        committed = round_of(2, 7)
+        await worker.pre_weight_sync(committed)
+        await worker.weight_sync(committed, weights=new)
+        racing = [sampler.sample(request) for _ in range(8)]
+        post = asyncio.ensure_future(worker.post_weight_sync(committed))
+        raced = await asyncio.gather(*racing, *(sampler.sample(request) for _ in range(8)))
+        await post
+        return before, staged, after_abort, raced, await sampler.get_weight_sync_round()
+
+    try:
+        before, staged, after_abort, raced, report = asyncio.run(rounds())
+        for same in (staged, after_abort):  # the previous weights, bit for bit
+            assert same.token_ids.tolist() == before.token_ids.tolist()
+            assert same.logprobs.tobytes() == before.logprobs.tobytes()
+        assert report == {"req_id": "r2", "uuid": 2, "phase": "committed", "policy_version": 7}
+        versions = {r.metadata["policy_version"] for r in raced}
+        assert versions <= {0, 7} and 7 in versions
+        for response in raced:  # each completion scored under the version that sampled it
+            nnx.update(trainer, original if response.metadata["policy_version"] == 0 else new)
+            _assert_aligned(trainer, rollout, response)
+    finally:
+        nnx.update(trainer, original)
+        rollout.update_params(original)
