@@ -74,6 +74,7 @@ SYMBOLS: dict[str, tuple[tuple[str, str], ...]] = {
     "TaskEnvironment": (("tunix.rl.agentic.environments.task_environment", "TaskEnvironment"),),
     "ToolEnvironment": (("tunix.rl.agentic.environments.tool_environment", "ToolEnvironment"),),
     "ToolAgent": (("tunix.rl.agentic.agents.tool_agent", "ToolAgent"),),
+    "ModelAgent": (("tunix.rl.agentic.agents.model_agent", "ModelAgent"),),
     "CalculatorTool": (("tunix.rl.agentic.tools.calculator_tool", "CalculatorTool"),),
     "ToolCall": (("tunix.rl.agentic.tools.base_tool", "ToolCall"),),
     "get_tool_parser": (
@@ -101,6 +102,7 @@ SYMBOLS: dict[str, tuple[tuple[str, str], ...]] = {
     "SamplerLoadInfo": (("tunix.experimental.rollout.sampler", "LoadInfo"),),
     "WeightSyncRequest": (("tunix.experimental.rollout.sampler", "WeightSyncRequest"),),
     "ErrorInfo": (("tunix.experimental.common.datatypes", "ErrorInfo"),),
+    "RolloutRequest": (("tunix.experimental.common.datatypes", "RolloutRequest"),),
     "RolloutWorker": (("tunix.experimental.worker.rollout_worker", "RolloutWorker"),),
     # the rollouts we compare with and benchmark against
     "VanillaRollout": (("tunix.rl.rollout.vanilla_rollout", "VanillaRollout"),),

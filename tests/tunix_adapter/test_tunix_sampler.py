@@ -20,7 +20,7 @@ from tests.sgl_jax_rollout.test_rollout import comparable, trainer_logps
 pytestmark = [pytest.mark.engine, pytest.mark.tunix_main]
 
 WIDTH = 64  # the trainer scores prompts and completions padded to these: one compiled shape
-PROMPT_WIDTH = 32
+PROMPT_WIDTH = 64
 
 
 def _requests(tc, **params):
@@ -159,3 +159,55 @@ def test_weight_sync_rounds_under_tunix_rollout_worker(rollout, trainer):
     finally:
         nnx.update(trainer, original)
         rollout.update_params(original)
+
+
+def test_agent_episodes_through_tunix_rollout_worker(rollout, trainer):
+    """tunix's worker runs each episode (its `ModelAgent`, our `ScalarTaskEnvironment`) through
+    its collector, which asks the sampler for each turn: the assistant segment is what the
+    engine sampled, its logprobs the trainer's."""
+    from sgl_jax_rollout import tunix_compat as tc
+    from tunix_adapter.agentic import ScalarTaskEnvironment
+    from tunix_adapter.tunix_sampler import SglangJaxSampler
+
+    tokenizer = rollout.engine.tokenizer
+    scored = []
+
+    class Pool:  # tunix's env pool: one environment per episode
+        def acquire_env(self, config):
+            return ScalarTaskEnvironment(
+                {"prompts": "17 + 13 =", "answer": "30"},
+                reward_fn=lambda task, action: scored.append(action) or 0.5,
+            )
+
+        def release_env(self, env):
+            pass
+
+    sampler = SglangJaxSampler("s2", rollout)
+    worker = tc.RolloutWorker(
+        "w1",
+        sampler=sampler,
+        env_pool=Pool(),
+        agent_factory=lambda: tc.ModelAgent(system_prompt="Add."),
+        tokenizer=tc.TokenizerAdapter(tokenizer),  # tunix's collector reads its dedup_bos_ids
+        chat_parser=tc.QwenChatTemplateParser(tokenizer),
+    )
+    worker.initialize()
+    kwargs = {"max_tokens": 12, "temperature": 1.0, "return_logprobs": True}
+    requests = [
+        tc.RolloutRequest(prompt_id=f"p{i}", generation_kwargs={**kwargs, "seed": i})
+        for i in range(4)
+    ]
+    responses = asyncio.run(worker.generate(requests))
+    assert len(scored) == 4, [r.error for r in responses]
+    assert {tuple(r.segments[0].tokens) for r in responses} != {
+        tuple(responses[0].segments[0].tokens)
+    }
+    for response in responses:
+        assert response.status == "COMPLETED" and response.env_reward == 0.5
+        (segment,) = response.segments
+        sampled = tc.SamplingResponse(
+            prompt_token_ids=np.asarray(response.prompt_tokens, np.int32),
+            token_ids=np.asarray(segment.tokens, np.int32),
+            logprobs=np.asarray(segment.logps, np.float32),
+        )
+        _assert_aligned(trainer, rollout, sampled)
