@@ -126,6 +126,9 @@ def test_weight_sync_rounds_under_tunix_rollout_worker(rollout, trainer):
     new = perturbed(nnx.state(trainer, nnx.Param), seed=3)
 
     async def rounds():
+        (host,) = await sampler.get_weight_sync_metadata()
+        names = {p["path"] for p in host["params"]}
+        assert len(names) == len(host["params"]) > 0 and all(p["shape"] for p in host["params"])
         before = await sampler.sample(request)
         aborted = round_of(1, 1)
         await worker.pre_weight_sync(aborted)
