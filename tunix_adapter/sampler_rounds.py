@@ -10,7 +10,7 @@ bit for bit, since nothing reached the engine). A phase delivered twice for the 
 does nothing; a phase out of order raises RuntimeError naming the round and its phase; a
 `pre_weight_sync` of a new round while another is open drops that one's staged weights
 (tunix c7d8950f's worker never tells the sampler of an abort: `abort_weight_sync`,
-`rollout_worker.py:485-491`, reopens its own admission alone).
+`rollout_worker.py:488-494`, reopens its own admission alone).
 
 Pure bookkeeping under a lock: the sampler does the waiting and the swap.
 """
