@@ -118,11 +118,23 @@ def response(row: RowRequest, output: Any, policy_version: int) -> Any:
         token_ids=tokens,
         logprobs=logprobs,
         finish_reason=FINISH_REASONS.get(reason, reason),
+        routed_experts=_routed_experts(output),
         metadata={
             "policy_version": policy_version,
             "weights_version": int(output.versions[0][0]) if len(tokens) else None,
         },
     )
+
+
+def _routed_experts(output: Any) -> np.ndarray | None:
+    """tunix's `[batch, layers, length, top_k]` from the engine's routing of every input
+    position of prompt + completion (row j: the experts of token j as the model's input; the
+    last token is never an input, its row is -1); None unless the engine returns them
+    (`EngineSettings.return_routed_experts`: tunix's `SamplingParams` has no field asking)."""
+    if output.routed_experts is None:
+        return None
+    positions = np.concatenate([output.prompt_routed_experts[0], output.routed_experts[0]])
+    return positions.transpose(1, 0, 2)[None]
 
 
 def error_response(request: Any, error: BaseException, ids: list[int] | None) -> Any:

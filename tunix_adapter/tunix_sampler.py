@@ -11,7 +11,7 @@ import raises `TunixIncompatible`, naming `tunix.experimental`.
   at once share the engine's running batch (continuous batching across calls), each with its
   own options and seed; a request that fails is answered with its `error` (finish_reason
   "error") while the others complete. Every response carries the policy version that sampled
-  it (`metadata["policy_version"]`).
+  it (`metadata["policy_version"]`), and the routed experts where the engine returns them.
 - Weight-sync rounds (`sampler_rounds`): `pre_weight_sync` returns once no `sample` call of
   this sampler runs; `weight_sync` stages the weights the request carries, touching nothing;
   `post_weight_sync` swaps them in: the engine lets the calls running finish under the old
@@ -20,9 +20,10 @@ import raises `TunixIncompatible`, naming `tunix.experimental`.
   bit. Weights come as tunix's in-process vLLM adapter takes them: a `weights=` keyword, the
   request's `weights` attribute or `extra_config["weights"]`, or a params tree in the
   request's place (tunix nnx state, or the engine's layout).
-- `pause` / `resume`: `sample` calls arriving while paused wait for `resume`; calls already
-  sampling finish (the engine does not pause requests in place yet). `stop` refuses later
-  calls, and shuts the engine down where this sampler built it.
+- `pause` / `resume`: in place (`RolloutEngine.pause`): the requests sampling keep their KV
+  cache and continue at `resume`; `sample` calls arriving meanwhile wait. A weight-sync round
+  refuses to open while paused. `stop` refuses later calls, resumes what this sampler paused,
+  and shuts the engine down where this sampler built it.
 - `get_load_info`: the engine's queues and KV pool now (`RolloutEngine.load`).
 - `migrate_kv_cache`: refused by name: sgl-jax has no cross-slice KV transport at the pinned
   commit.
@@ -80,8 +81,6 @@ class SglangJaxSampler(_Protocol):
         self._versions = {0: 0}  # engine weights version -> policy version
         self._lock = threading.Lock()
         self._in_flight = 0
-        self._resumed = threading.Event()
-        self._resumed.set()
         self._stopped = False
 
     # --- Lifecycle & topology ---
@@ -95,20 +94,25 @@ class SglangJaxSampler(_Protocol):
         return True
 
     async def stop(self, **kwargs: Any) -> bool:
-        """Refuses later calls; shuts the engine down where this sampler built it."""
+        """Refuses later calls, resumes generation where this sampler paused it; shuts the
+        engine down where this sampler built it."""
         self._stopped = True
-        self._resumed.set()  # waiting calls wake up, and are refused
         self._pool.shutdown(wait=False, cancel_futures=True)
-        if self._owned and self._rollout is not None:
-            self._rollout.shutdown()
+        if self._rollout is not None:
+            if self._owned:
+                self._rollout.shutdown()
+            else:
+                await asyncio.to_thread(self._rollout.engine.resume)
         return True
 
     async def pause(self, **kwargs: Any) -> bool:
-        self._resumed.clear()
+        """Pauses generation in place: the requests sampling keep their KV cache."""
+        await asyncio.to_thread(self._serving().engine.pause)
         return True
 
     async def resume(self, **kwargs: Any) -> bool:
-        self._resumed.set()
+        """Continues the requests `pause` held."""
+        await asyncio.to_thread(self._serving().engine.resume)
         return True
 
     async def get_mesh(self, **kwargs: Any) -> Any:
@@ -126,9 +130,6 @@ class SglangJaxSampler(_Protocol):
         one = not isinstance(sampling_requests, (list, tuple))
         batch = [sampling_requests] if one else list(sampling_requests)
         rollout = self._serving()
-        while not self._resumed.is_set():
-            await asyncio.sleep(0.01)
-        self._serving()
         loop = asyncio.get_running_loop()
         logprobs = bool(kwargs.get("return_logprobs", False))
         with self._lock:
@@ -190,7 +191,12 @@ class SglangJaxSampler(_Protocol):
 
     async def pre_weight_sync(self, sync_request: Any = None, **kwargs: Any) -> bool:
         """Opens the round; returns once no `sample` call of this sampler runs."""
-        self._serving()
+        if self._serving().engine.paused:
+            raise RuntimeError(
+                f"pre_weight_sync for round {round_key(sync_request)}: sampler "
+                f"{self.server_id!r} is paused in place, so its requests would not end before "
+                "the swap; resume it first"
+            )
         self._rounds.prepare(sync_request)
         while self._in_flight:
             await asyncio.sleep(0.005)

@@ -15,8 +15,9 @@ the engine's own event loop (`enable_engine_loop_run_forever_daemon`).
 
 The class checks the settings against the model and the devices, then hands each job to one
 collaborator sharing that gate: requests and scoring (`engine.requests`), weight swaps
-(`engine.weight_updates`), memory release and resume (`engine.memory_lifecycle`), the
-engine's start and teardown (`engine.process`). Their mechanics must not grow back here.
+(`engine.weight_updates`), memory release and resume (`engine.memory_lifecycle`), pausing
+generation in place (`engine.pausing`), the engine's start and teardown
+(`engine.process`). Their mechanics must not grow back here.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from sgl_jax_rollout.engine.collector import Collector, Completion
 from sgl_jax_rollout.engine.load import EngineLoad, read_load
 from sgl_jax_rollout.engine.lora import LoraLayout, engine_lora_args
 from sgl_jax_rollout.engine.memory_lifecycle import MemoryLifecycle
+from sgl_jax_rollout.engine.pausing import InPlacePause
 from sgl_jax_rollout.engine.process import (
     DETOKENIZER_THREAD_PREFIX,
     SCHEDULER_THREAD_PREFIX,
@@ -158,6 +160,7 @@ class RolloutEngine:
         self._process = EngineProcess(self._hooks, self._gate)
         self._memory = MemoryLifecycle(self._process, self._gate)
         self._weight_updates = WeightUpdates(self._process, self._memory, self._gate)
+        self._pause = InPlacePause(self._process, STOP_TIMEOUT_S)
         self._requests = Requests(
             self._process,
             self._gate,
@@ -240,8 +243,25 @@ class RolloutEngine:
 
     def abort(self, reason: str = "aborted by the caller") -> None:
         """Ends every request in flight; every call running raises RuntimeError with
-        `reason`. The engine keeps serving (safe from any thread)."""
+        `reason`. The engine keeps serving (safe from any thread). On a paused engine it
+        resumes generation too: an aborted request ends at the engine's next step."""
         self._requests.abort(reason)
+        if self._pause.paused:
+            self._pause.resume()
+
+    def pause(self) -> None:
+        """Pauses generation in place: the running requests keep their KV cache and no step
+        starts until `resume`, where they continue (calls made meanwhile wait). Weight swaps
+        and memory release or resume refuse while paused."""
+        self._pause.pause()
+
+    def resume(self) -> None:
+        """Continues generation after `pause`."""
+        self._pause.resume()
+
+    @property
+    def paused(self) -> bool:
+        return self._pause.paused
 
     # Weights.
     def engine_state(self):
@@ -256,7 +276,8 @@ class RolloutEngine:
         Calls running when it arrives finish under the old weights first; calls arriving while
         it waits or runs start after it, under the new ones.
         """
-        self._weight_updates.update(params, lora)
+        with self._pause.not_paused("update_weights"):
+            self._weight_updates.update(params, lora)
 
     @property
     def weights_version(self) -> int:
@@ -284,7 +305,8 @@ class RolloutEngine:
         (the weights it served before the release, which the trainer keeps); without `restore`
         that call raises, naming it. Calls made from other threads meanwhile wait for the
         first one's resume."""
-        return self._memory.release(weights, resume_on_use, restore)
+        with self._pause.not_paused("release_memory"):
+            return self._memory.release(weights, resume_on_use, restore)
 
     @property
     def released(self) -> bool:
@@ -294,7 +316,8 @@ class RolloutEngine:
         """Allocates the KV pool again (same shapes and shardings: no recompile), empty;
         after a release with weights, they come back as zeros and `update_weights` must come
         before any `generate` or `score`. Does nothing when nothing is released."""
-        self._memory.resume_memory()
+        with self._pause.not_paused("resume_memory"):
+            self._memory.resume_memory()
 
     # Lifecycle.
     def store_sizes(self) -> dict[str, int]:

@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED
 from pathlib import Path
 from typing import Any
@@ -107,38 +107,32 @@ class EngineProcess:
 
     def abort_requests(self, rids: Sequence[str] | None = None) -> None:
         """Aborts the requests `rids` (every request when None) through upstream's
-        `Engine.abort_request`, run on the engine's own event loop and waited for.
-
-        Upstream sends the abort on the tokenizer manager's `zmq.asyncio` socket
-        (`TokenizerManager.abort_request`, `managers/tokenizer_manager.py:713-717` at cddbf6f1),
-        whose send asks the calling thread for its event loop: from a thread that has none (any
-        thread but the main one, or the main thread once `asyncio.run` has ended there) it
-        raised RuntimeError and the requests ran on. On the engine's loop it finds that loop,
-        and the socket, which is not thread-safe, is used by that one thread only (every
-        request is sent from there too)."""
+        `Engine.abort_request`, on the engine's own event loop (`on_engine_loop`)."""
         engine = self.engine
-        if engine is None:
-            return
 
-        def send() -> None:
+        async def send() -> None:
             if rids is None:
                 engine.abort_request(abort_all=True)
             for rid in rids or ():
                 engine.abort_request(rid=rid)
 
-        loop = engine.loop
-        try:
-            on_loop = asyncio.get_running_loop() is loop
-        except RuntimeError:
-            on_loop = False
-        if on_loop or not loop.is_running():  # its own thread, or a start that failed early
-            send()
-            return
+        if engine is not None:
+            self.on_engine_loop(send)
 
-        async def on_engine_loop() -> None:
-            send()
+    def on_engine_loop(self, make: Callable[[], Awaitable[Any]]) -> Any:
+        """The result of `await make()`, run on the engine's own event loop and waited for.
 
-        asyncio.run_coroutine_threadsafe(on_engine_loop(), loop).result(STOP_TIMEOUT_S)
+        What reaches upstream's tokenizer manager goes through here: it sends on `zmq.asyncio`
+        sockets, whose send asks the calling thread for its event loop
+        (`TokenizerManager.abort_request`, `managers/tokenizer_manager.py:713-717` at
+        cddbf6f1). From a thread that has none (any thread but the main one, or the main
+        thread once `asyncio.run` has ended there) an abort raised RuntimeError and its
+        requests ran on. On the engine's loop it finds that loop, and the sockets, which are
+        not thread-safe, are used by that one thread only (every request is sent there)."""
+        loop = self.engine.loop
+        if not loop.is_running():
+            raise RuntimeError("the engine's event loop is not running")
+        return asyncio.run_coroutine_threadsafe(make(), loop).result(STOP_TIMEOUT_S)
 
     def check_open(self) -> None:
         if self.hooks.ended.done():
@@ -175,7 +169,7 @@ class EngineProcess:
 
         Reads upstream attributes (commit in `availability.PINNED_COMMIT`): the scheduler
         leaves its loop at the next idle check (`patches` idle_wait_and_stop); with overlap,
-        the forward thread then runs what was queued and ends (`upstream.stop_forward_thread`,
+        the forward thread then runs what was queued and ends (`_stop_forward_thread`,
         else it would keep the model alive for the life of the process); the detokenizer
         thread, blocked on its socket, gets a message whose unpickling raises
         SystemExit (any Exception there would be an engine fault); then every socket the
@@ -189,7 +183,7 @@ class EngineProcess:
                 self.abort_requests()
         patches.deactivate(hooks)  # sets stop: the scheduler and our watchdog leave their loops
         _join_threads(SCHEDULER_THREAD_PREFIX)
-        if hooks.scheduler is not None and not upstream.stop_forward_thread(
+        if hooks.scheduler is not None and not _stop_forward_thread(
             hooks.scheduler, STOP_TIMEOUT_S
         ):
             logger.warning("the overlap scheduler's forward thread did not stop")
@@ -248,6 +242,19 @@ def _stop_detokenizer(endpoint: str) -> None:
     finally:
         sock.close(linger=0)
         context.term()
+
+
+def _stop_forward_thread(scheduler: Any, wait_s: float) -> bool:
+    """Ends the overlap scheduler's forward thread (`ModelWorkerClient.forward_thread_func_`
+    leaves its loop on an empty batch; upstream never sends one) once the steps queued before
+    it have run; False if it is still alive after `wait_s`. Without overlap, or before the
+    scheduler made its worker (a failed start): nothing to do."""
+    worker = getattr(scheduler, "tp_worker", None)
+    if not isinstance(worker, upstream.get("ModelWorkerClient")):
+        return True
+    worker.input_queue.put((None, None, None, None))
+    worker.forward_thread.join(wait_s)
+    return not worker.forward_thread.is_alive()
 
 
 def _alive(prefix: str) -> bool:

@@ -68,6 +68,8 @@ SYMBOLS: dict[str, tuple[str, str]] = {
     "RoutedExpertsCapturerNoop": ("layers.routed_experts_capturer", "_RoutedExpertsCapturerNoop"),
     "GenerateReqInput": ("managers.io_struct", "GenerateReqInput"),
     "AbortReq": ("managers.io_struct", "AbortReq"),
+    "PauseGenerationReqInput": ("managers.io_struct", "PauseGenerationReqInput"),  # pausing.py
+    "ContinueGenerationReqInput": ("managers.io_struct", "ContinueGenerationReqInput"),
     "BatchTokenIDOut": ("managers.io_struct", "BatchTokenIDOut"),
     "FINISH_ABORT": ("managers.schedule_batch", "FINISH_ABORT"),
     "TOP_K_ALL": ("sampling.sampling_params", "TOP_K_ALL"),
@@ -110,6 +112,7 @@ FUNCTIONS: dict[str, tuple[str, ...]] = {
     "Scheduler.process_batch_result": ("self", "batch", "result"),
     "Scheduler.stream_output": ("self", "reqs", "return_logprob"),
     "Scheduler.on_idle": ("self",),
+    "Scheduler.process_input_requests": ("self", "recv_reqs"),
     "Scheduler.recv_requests": ("self",),
     "Scheduler.get_new_batch_prefill": ("self",),
     "Scheduler.update_running_batch": ("self", "batch"),
@@ -151,6 +154,8 @@ FUNCTIONS: dict[str, tuple[str, ...]] = {
     "Engine.abort_request": ("self", "rid", "abort_all"),
     "TokenizerManager.generate_request": ("self", "obj", "request"),
     "TokenizerManager.abort_request": ("self", "rid", "abort_all"),
+    "TokenizerManager.pause_generation": ("self", "obj"),
+    "TokenizerManager.continue_generation": ("self", "obj"),
     "Req.finished": ("self",),
     "ForwardMode.is_extend": ("self",),
     "ForwardMode.is_decode": ("self",),
@@ -172,6 +177,7 @@ FUNCTIONS: dict[str, tuple[str, ...]] = {
     "get_target_module_name": ("full_module_name", "target_modules"),
     "get_available_device_memory": ("device", "distributed", "device_indexes"),
     "AbortReq": ("rid",),
+    "PauseGenerationReqInput": ("mode",),
     "FINISH_ABORT": ("message",),
     # built on (engine/models/gemma3.py): the layers it makes and the Gemma 2 code it inherits
     "Gemma2ForCausalLM._create_layer_mappings": ("self", "layer_idx"),
@@ -206,7 +212,7 @@ ATTRIBUTES: dict[str, tuple[str, ...]] = {
     "Scheduler": (
         *("tp_worker", "enable_overlap", "server_args", "forward_ct", "cur_batch"),
         *("recv_from_tokenizer", "recv_from_rpc", "running_batch", "waiting_queue"),
-        *("result_queue", "max_total_num_tokens"),
+        *("result_queue", "max_total_num_tokens", "_engine_paused"),
     ),
     "ModelWorker": ("worker", "model_runner", "sync_queue"),
     "ModelWorkerClient": ("worker", "input_queue", "forward_thread", "async_gather_fn"),
@@ -314,19 +320,6 @@ def scheduler_of(engine: Any) -> Any:
 def model_runner_of(scheduler: Any) -> Any:
     """The scheduler's model runner, with or without the overlap worker thread."""
     return scheduler.tp_worker.worker.model_runner
-
-
-def stop_forward_thread(scheduler: Any, wait_s: float) -> bool:
-    """Ends the overlap scheduler's forward thread (`ModelWorkerClient.forward_thread_func_`
-    leaves its loop on an empty batch; upstream never sends one) once the steps queued before
-    it have run; False if it is still alive after `wait_s`. Without overlap, or before the
-    scheduler made its worker (a failed start): nothing to do."""
-    worker = getattr(scheduler, "tp_worker", None)
-    if not isinstance(worker, get("ModelWorkerClient")):
-        return True
-    worker.input_queue.put((None, None, None, None))
-    worker.forward_thread.join(wait_s)
-    return not worker.forward_thread.is_alive()
 
 
 def check(server_args: Iterable[str] = ()) -> None:

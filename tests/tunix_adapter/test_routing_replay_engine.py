@@ -113,6 +113,7 @@ def test_routing_is_returned_per_token_and_per_prompt_and_a_cached_prompt_keeps_
     session's turns keep the routing aligned with their tokens, also once exported for training."""
     import jax.numpy as jnp
 
+    from sgl_jax_rollout import tunix_compat
     from sgl_jax_rollout.rollout import SglangJaxRollout
     from sgl_jax_rollout.rollout_inputs import right_pad_ids
     from sgl_jax_rollout.tunix_compat import RolloutConfig
@@ -205,8 +206,31 @@ def test_routing_is_returned_per_token_and_per_prompt_and_a_cached_prompt_keeps_
         assert positions.sum() == len(turn.tokens) - 1
         mismatch = routing_replay.mismatch_frac(batch.routed_experts, np.asarray(own), positions)
         assert mismatch.tolist() == [0.0, 0.0]
+        if tunix_compat.has_experimental():  # tunix main: its Sampler's routed experts
+            _sampler_returns_the_routing(rollout, config)
     finally:
         rollout.shutdown()
+
+
+def _sampler_returns_the_routing(rollout, config) -> None:
+    """`SglangJaxSampler`'s `routed_experts`, tunix's `[batch, layers, length, top_k]`: the
+    routing the rollout returns for the same seeded request, over prompt + completion."""
+    import asyncio
+
+    from sgl_jax_rollout import tunix_compat as tc
+    from tunix_adapter.tunix_sampler import SglangJaxSampler
+
+    ids = rollout.prompt_token_ids(["why is the sky blue?"], 64)[0]
+    params = tc.TunixSamplingParams(max_tokens=8, seed=4)
+    request = tc.SamplingRequest(request_id="moe", prompt=ids, sampling_params=params)
+    response = asyncio.run(SglangJaxSampler("moe", rollout).sample(request))
+    routed = np.asarray(response.routed_experts)
+    assert routed.shape == (1, 2, len(ids) + len(response.token_ids), MOE_TOP_K)
+    same = rollout.generate_from_ids([ids], dataclasses.replace(config, seed=4))
+    assert same.tokens[0].tolist() == response.token_ids.tolist()
+    own = np.concatenate([same.prompt_routed_experts[0], same.routed_experts[0]])
+    np.testing.assert_array_equal(routed[0], own.transpose(1, 0, 2))
+    assert (routed[0, :, -1] == -1).all() and (routed[0, :, :-1] >= 0).all()
 
 
 def test_a_dense_model_refuses_routed_experts_before_the_engine_starts(tiny_dir):

@@ -89,14 +89,23 @@ def test_sample_serves_every_prompt_kind_and_answers_bad_requests_alone(rollout,
     async def watched():
         many = [_requests(tc, prompt=text, max_tokens=WIDTH, seed=s) for s in range(16)]
         task = asyncio.ensure_future(sampler.sample(many))
-        seen = []
+        seen, held = [], None
         while not task.done():
             seen.append(await sampler.get_load_info())
+            if len(seen) == 3:  # part-way: paused in place, the requests keep their KV
+                await sampler.pause()
+                held = await sampler.get_load_info()
+                with pytest.raises(RuntimeError, match="paused in place.*resume it first"):
+                    await sampler.pre_weight_sync(None)
+                await asyncio.sleep(0.3)
+                assert not task.done() and await sampler.get_load_info() == held
+                await sampler.resume()
             await asyncio.sleep(0.02)
-        return await task, seen, await sampler.get_load_info()
+        return await task, seen, held, await sampler.get_load_info()
 
-    done, seen, after = asyncio.run(watched())
-    assert all(r.error is None for r in done)
+    done, seen, held, after = asyncio.run(watched())
+    assert held.num_requests_running > 0 and held.kv_cache_usage_perc > 0
+    assert all(r.error is None and r.finish_reason == "length" for r in done)
     busy = [s for s in seen if s.num_requests_running + s.num_requests_waiting]
     assert busy and all(0 < s.kv_cache_usage_perc <= 100 for s in busy)
     assert after.num_requests_running == after.num_requests_waiting == 0

@@ -284,6 +284,10 @@ instead of raising.
 - `idle_wait_and_stop`: wraps `Scheduler.on_idle`: a fully idle scheduler runs the engine's
   `IdleWork` (weight swap, cache flush), then waits on its sockets and on the work pipe
   (upstream spins a core at 100%), and exits its thread when the engine is shut down.
+- `paused_waits`: wraps `Scheduler.process_input_requests`: a scheduler paused in place
+  (`pause_generation(mode="in_place")`, `engine.pausing`) skips `on_idle` in its loop
+  (`scheduler.py:1076-1078` at cddbf6f1), so it spun a core at 100% while paused and never
+  left its loop on shutdown; it now waits on its sockets, and exits on shutdown.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Lifecycle: the engine's threads, sockets and idle turns tied to the engine that made them,
 so a shutdown reaches all of them (catalog: `patches/__init__.py`).
 
-Owns `install` for `scheduler_of_engine`, `runner_of_engine`, `engine_sockets` and
-`idle_wait_and_stop`.
+Owns `install` for `scheduler_of_engine`, `runner_of_engine`, `engine_sockets`,
+`idle_wait_and_stop` and `paused_waits`.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ def install() -> None:
     wrap(get("Scheduler"), "__init__", _scheduler_of_engine)
     wrap(get("ModelRunner"), "__init__", _runner_of_engine)
     wrap(get("Scheduler"), "on_idle", _idle_wait_and_stop)
+    wrap(get("Scheduler"), "process_input_requests", _paused_waits)
 
 
 def _scheduler_of_engine(original, self, *args, **kwargs):
@@ -49,6 +50,19 @@ def _engine_socket(original, *args, **kwargs):
     return socket
 
 
+def _paused_waits(original, self, *args, **kwargs):
+    """paused_waits: a scheduler paused in place waits on its sockets; it leaves its loop on
+    shutdown."""
+    result = original(self, *args, **kwargs)
+    hooks = getattr(self, "_sgl_jax_rollout_hooks", None)
+    if hooks is None or not self._engine_paused:
+        return result
+    if hooks.stop.is_set():
+        raise SystemExit  # as idle_wait_and_stop: on_idle never runs while paused
+    _wait_on_sockets(self, hooks)
+    return result
+
+
 def _idle_wait_and_stop(original, self, *args, **kwargs):
     """idle_wait_and_stop: run idle work, wait on the sockets; leave the loop on shutdown."""
     result = original(self, *args, **kwargs)
@@ -60,13 +74,18 @@ def _idle_wait_and_stop(original, self, *args, **kwargs):
     if not self.is_fully_idle():
         return result
     hooks.idle_work.run_pending(self)
-    sockets = [getattr(self, n, None) for n in ("recv_from_tokenizer", "recv_from_rpc")]
+    _wait_on_sockets(self, hooks)
+    # Still fully idle: new messages stay in the sockets until the next loop iteration.
+    hooks.idle_work.run_pending(self)
+    return result
+
+
+def _wait_on_sockets(scheduler, hooks) -> None:
+    """Up to IDLE_WAIT_MS, until a message reaches the scheduler or idle work is queued."""
+    sockets = [getattr(scheduler, n, None) for n in ("recv_from_tokenizer", "recv_from_rpc")]
     poller = zmq.Poller()
     for sock in sockets:
         if sock is not None:
             poller.register(sock, zmq.POLLIN)
     poller.register(hooks.idle_work.fileno(), zmq.POLLIN)
     poller.poll(IDLE_WAIT_MS)
-    # Still fully idle: new messages stay in the sockets until the next loop iteration.
-    hooks.idle_work.run_pending(self)
-    return result
