@@ -173,6 +173,57 @@ def test_weight_sync_rounds_under_tunix_rollout_worker(rollout, trainer):
         rollout.update_params(original)
 
 
+def test_repeated_stale_or_stopped_weight_sync_deliveries_touch_nothing(rollout, trainer):
+    """tunix's `rollout_worker_weight_sync_test` (idempotency, staleness, stop against the
+    phases) with the real engine: c7d8950f's worker passes every delivery on to the sampler,
+    so the sampler keeps them apart. A repeated pre / weight / post swaps the engine once; a
+    phase of a round never opened, or of the previous round once the next is open, raises
+    naming it; after `stop` the open round never reaches the engine."""
+    from sgl_jax_rollout import tunix_compat as tc
+    from tunix_adapter.tunix_sampler import SglangJaxSampler
+
+    sampler = SglangJaxSampler("s3", rollout)
+    worker = tc.RolloutWorker(
+        "w3", sampler=sampler, tokenizer=rollout.engine.tokenizer, chat_parser=object()
+    )
+    worker.initialize()
+    original = jax.tree_util.tree_map(jnp.copy, nnx.state(trainer, nnx.Param))
+    new = perturbed(nnx.state(trainer, nnx.Param), seed=4)
+    start = rollout.engine.weights_version
+
+    def round_of(uuid):
+        return tc.WeightSyncRequest(
+            policy_version=uuid, extra_config={"req_id": f"r{uuid}", "uuid": uuid}
+        )
+
+    async def deliveries():
+        one, two = round_of(1), round_of(2)
+        with pytest.raises(RuntimeError, match="post_weight_sync for .*'r1'.*must run first"):
+            await sampler.post_weight_sync(one)
+        for phase in ("pre_weight_sync", "weight_sync", "post_weight_sync"):
+            for _ in range(2):  # each phase delivered twice
+                kwargs = {"weights": new} if phase == "weight_sync" else {}
+                await getattr(worker, phase)(one, **kwargs)
+        swaps = rollout.engine.weights_version - start
+        await worker.pre_weight_sync(two)
+        with pytest.raises(RuntimeError, match="weight_sync for .*'r1'.*'r2'"):
+            await sampler.weight_sync(one, weights=original)
+        with pytest.raises(RuntimeError, match="abort_weight_sync for .*'r1'.*'r2'.* is open"):
+            await sampler.abort_weight_sync(one)
+        await worker.weight_sync(two, weights=original)
+        await sampler.stop()
+        with pytest.raises(RuntimeError, match="stopped"):
+            await sampler.post_weight_sync(two)
+        return swaps, await sampler.get_weight_sync_round()
+
+    try:
+        swaps, report = asyncio.run(deliveries())
+        assert swaps == 1 and rollout.engine.weights_version == start + 1
+        assert report == {"req_id": "r2", "uuid": 2, "phase": "h2d_done", "policy_version": 1}
+    finally:
+        rollout.update_params(original)
+
+
 def test_agent_episodes_through_tunix_rollout_worker(rollout, trainer):
     """tunix's worker runs each episode (its `ModelAgent`, our `ScalarTaskEnvironment`) through
     its collector, which asks the sampler for each turn: the assistant segment is what the
