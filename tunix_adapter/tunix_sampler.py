@@ -25,8 +25,11 @@ import raises `TunixIncompatible`, naming `tunix.experimental`.
   refuses to open while paused. `stop` refuses later calls, resumes what this sampler paused,
   and shuts the engine down where this sampler built it.
 - `get_load_info`: the engine's queues and KV pool now (`RolloutEngine.load`).
-- `migrate_kv_cache`: refused by name: sgl-jax has no cross-slice KV transport at the pinned
-  commit.
+- `migrate_kv_cache`: the target computes the KV again. sgl-jax has no KV transport between
+  engines at the pinned commit (tunix's, Raiden, needs TPU slices), so the target sampler
+  prefills the tokens (one token sampled) and its prefix cache keeps them: the trajectory
+  continued there prefills only what follows. The target is this sampler or one of `peers`,
+  reached through its worker's gRPC server (tunix's remote execution, `sample_prompts`).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
+import numpy as np
 
 from sgl_jax_rollout import tunix_compat
 from tunix_adapter import sampler_requests as requests_lib
@@ -61,17 +65,21 @@ class SglangJaxSampler(_Protocol):
         rollout_config: Any = None,
         max_concurrent_requests: int = 256,
         build: Callable[[], Any] | None = None,
+        peers: Mapping[str, str] | None = None,
     ) -> None:
         """`rollout`: a `SglangJaxRollout` (its owner shuts it down), or `build`, a callable
         that makes one in `initialize` (this sampler then shuts it down at `stop`).
         `rollout_config`: what requests' `SamplingParams` do not set (max_prompt_length,
         penalties...; default tunix's `RolloutConfig()`). `max_concurrent_requests`: requests
-        in flight at once (threads waiting on the engine)."""
+        in flight at once (threads waiting on the engine). `peers`: other samplers' server ids
+        -> the gRPC address of the tunix worker serving each ("grpc://host:port"), the targets
+        `migrate_kv_cache` can reach."""
         if (rollout is None) == (build is None):
             raise ValueError("give exactly one of rollout and build")
         if max_concurrent_requests < 1:
             raise ValueError(f"max_concurrent_requests must be >= 1, got {max_concurrent_requests}")
         self.server_id = server_id
+        self._peers = dict(peers or {})
         self._rollout, self._build, self._owned = rollout, build, rollout is None
         self._defaults = rollout_config or tunix_compat.RolloutConfig()
         self._pool = concurrent.futures.ThreadPoolExecutor(
@@ -239,11 +247,34 @@ class SglangJaxSampler(_Protocol):
     async def migrate_kv_cache(
         self, source_server_id: str, target_server_id: str, token_ids: list[int], **kwargs: Any
     ) -> bool:
-        raise NotImplementedError(
-            "migrate_kv_cache: sgl-jax has no cross-slice KV-cache transport at the pinned "
-            "commit (tunix's Raiden path is TPU-only); a request moved to another sampler is "
-            "prefilled there again"
-        )
+        """Makes the KV cache of `token_ids` ready on sampler `target_server_id` (this one, or
+        one of `peers`) by prefilling them there; True once done. `source_server_id` is only
+        named: the source keeps its cache, which its engine evicts when it needs the room."""
+        ids = requests_lib.prompt_ids(token_ids, self._encode, self._chat)
+        if target_server_id == self.server_id:
+            params = tunix_compat.TunixSamplingParams(max_tokens=1)
+            request = tunix_compat.SamplingRequest(prompt=ids, sampling_params=params)
+            response = await self.sample(request)
+            if response.error is not None:
+                raise RuntimeError(f"migrate_kv_cache: the prefill failed: {response.error}")
+            return True
+        if target_server_id not in self._peers:
+            raise ValueError(
+                f"migrate_kv_cache: no sampler {target_server_id!r} here: this one is "
+                f"{self.server_id!r}, its peers {sorted(self._peers)} (SglangJaxSampler peers=)"
+            )
+        handle = tunix_compat.RemoteActorHandle.from_address(self._peers[target_server_id])
+        try:
+            out = await handle.asubmit(
+                "sample_prompts", [np.asarray(ids, np.int32)], max_generation_steps=1
+            )
+        finally:
+            await handle.close()
+        if len(out.tokens[0]) != 1:
+            raise RuntimeError(
+                f"migrate_kv_cache: sampler {target_server_id!r} did not prefill the tokens"
+            )
+        return True
 
     async def get_load_info(self, **kwargs: Any) -> Any:
         load = self._serving().engine.load()

@@ -274,3 +274,47 @@ def test_agent_episodes_through_tunix_rollout_worker(rollout, trainer):
             logprobs=np.asarray(segment.logps, np.float32),
         )
         _assert_aligned(trainer, rollout, sampled)
+
+
+def test_migrate_kv_cache_prefills_the_target_over_grpc(rollout):
+    """tunix's manager moves a paused straggler's tokens to another sampler
+    (`migrate_straggler`): ours prefill them on the target, here this process's engine behind
+    a tunix worker served by tunix's gRPC server on localhost, so the trajectory continued
+    there computes only its new tokens. An unknown target raises naming the peers."""
+    import socket
+
+    from sgl_jax_rollout import tunix_compat as tc
+    from sgl_jax_rollout.engine.rows import RequestSpec
+    from sgl_jax_rollout.sampling.options import SamplingOptions
+    from tunix_adapter.tunix_sampler import SglangJaxSampler
+
+    engine = rollout.engine
+    tokenizer = engine.tokenizer
+    ids = tokenizer.encode("straggler " + " ".join(str(i * 7 % 97) for i in range(30)))
+    target = SglangJaxSampler("t", rollout)
+    worker = tc.RolloutWorker("wt", sampler=target, tokenizer=tokenizer, chat_parser=object())
+    worker.initialize()
+    with socket.socket() as sock:
+        sock.bind(("localhost", 0))
+        port = sock.getsockname()[1]
+    source = SglangJaxSampler("s", rollout, peers={"t": f"grpc://localhost:{port}"})
+
+    async def migrate():
+        server = tc.GrpcRemoteExecutionServer(worker)
+        await server.start_serving_async(port=port)
+        try:
+            return await source.migrate_kv_cache(
+                source_server_id="s", target_server_id="t", token_ids=ids, route_key="traj-0"
+            )
+        finally:
+            await server.stop_serving()
+
+    before = engine.prefill_counts.computed
+    assert asyncio.run(migrate()) is True
+    assert engine.prefill_counts.computed - before >= len(ids) - 1  # computed on the target
+    tail = tokenizer.encode(" and then")
+    before = engine.prefill_counts.computed
+    engine.generate([ids + tail], [RequestSpec(SamplingOptions(seed=0))], 2)
+    assert engine.prefill_counts.computed - before <= len(tail) + 1
+    with pytest.raises(ValueError, match=r"no sampler 'elsewhere'.*peers \['t'\]"):
+        asyncio.run(source.migrate_kv_cache("s", "elsewhere", ids))
