@@ -160,7 +160,9 @@ class RolloutEngine:
         self._process = EngineProcess(self._hooks, self._gate)
         self._memory = MemoryLifecycle(self._process, self._gate)
         self._weight_updates = WeightUpdates(self._process, self._memory, self._gate)
-        self._pause = InPlacePause(self._process, STOP_TIMEOUT_S)
+        self._pause = InPlacePause(
+            self._process, lambda: self._memory.released is not None, STOP_TIMEOUT_S
+        )
         self._requests = Requests(
             self._process,
             self._gate,

@@ -11,8 +11,9 @@ the scheduler still takes in aborts, and waits on its sockets instead of spinnin
 `resume`.
 
 Weight swaps and memory release and resume wait for the running calls to end, which a pause
-holds: they refuse while paused (`not_paused`), and a pause asked while one of them waits or
-runs takes effect after it. Must not serve requests or touch weights.
+holds: they refuse while paused (`not_paused`), a pause asked while one of them waits or runs
+takes effect after it, and a pause of released memory refuses. Must not serve requests or
+touch weights.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from sgl_jax_rollout.engine import upstream
@@ -32,8 +33,10 @@ PAUSE_POLL_S = 0.002  # how often `pause` and `resume` look at the scheduler's s
 
 
 class InPlacePause:
-    def __init__(self, process: Any, wait_s: float) -> None:
+    def __init__(self, process: Any, released: Callable[[], bool], wait_s: float) -> None:
+        """`released`: whether the engine's memory is released (`MemoryLifecycle`)."""
         self._process = process  # an EngineProcess
+        self._released = released
         self._wait_s = wait_s
         self._lock = threading.Lock()  # held by pause, resume and the jobs that refuse a pause
         self.paused = False
@@ -43,6 +46,11 @@ class InPlacePause:
         with self._lock:
             if self.paused:
                 return
+            if self._released():  # a call resuming it would wait for the calls paused
+                raise RuntimeError(
+                    "pause: the engine's memory is released (release_memory): nothing runs "
+                    "to pause; call resume_memory first"
+                )
             self._send(upstream.get("PauseGenerationReqInput")(mode="in_place"), "pause")
             self.paused = True
             logger.info("generation paused in place")

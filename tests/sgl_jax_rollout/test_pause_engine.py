@@ -1,6 +1,7 @@
 """Generation paused in place on the real engine (`RolloutEngine.pause` / `resume`): the
 running requests keep their KV cache and continue to the tokens a run without the pause
-samples; nothing steps, spins or swaps weights while paused; an abort ends a paused call.
+samples; nothing steps, spins or swaps weights while paused; an abort ends a paused call;
+released memory is not paused.
 
 It runs on the session rollout (tests/conftest.py)."""
 
@@ -103,3 +104,10 @@ def test_an_abort_ends_a_paused_call_and_resumes_the_engine(rollout):
     assert "aborted: stop the paused call" in str(box.get("error")), box
     out = engine.generate(prompts, specs, 3)
     assert all(len(c.tokens) >= 1 for c in out)
+    engine.release_memory()  # nothing runs to pause; a call resuming it would wait for it
+    try:
+        with pytest.raises(RuntimeError, match="pause: the engine's memory is released"):
+            engine.pause()
+    finally:
+        engine.resume_memory()
+    assert not engine.paused
