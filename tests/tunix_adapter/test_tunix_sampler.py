@@ -224,6 +224,33 @@ def test_repeated_stale_or_stopped_weight_sync_deliveries_touch_nothing(rollout,
         rollout.update_params(original)
 
 
+def test_a_round_without_keys_and_a_sampler_not_initialized(rollout):
+    """tunix's `vanilla_sampler_adapter_test`: a round delivered with no round keys (`pre`,
+    `weight_sync` with the weights in the request, `post`) swaps the weights in and counts a
+    version (c7d8950f's vanilla adapter drops them: its `weight_sync` returns True untouched,
+    `vanilla_sampler_adapter.py:313-316`); `sample` on a sampler not initialized raises
+    RuntimeError."""
+    from sgl_jax_rollout import tunix_compat as tc
+    from tunix_adapter.tunix_sampler import SglangJaxSampler
+
+    pending = SglangJaxSampler("empty", build=lambda: rollout)
+    with pytest.raises(RuntimeError, match="call initialize"):
+        asyncio.run(pending.sample(tc.SamplingRequest(prompt="hello")))
+    sampler = SglangJaxSampler("s4", rollout)
+    sampler.initialize()
+    start = rollout.engine.weights_version
+    request = tc.WeightSyncRequest(extra_config={"weights": rollout.engine.engine_state()})
+
+    async def plain_round():
+        assert await sampler.pre_weight_sync()
+        staged = await sampler.weight_sync(sync_request=request)
+        return staged, await sampler.post_weight_sync(), await sampler.sample("1 2 3")
+
+    staged, committed, response = asyncio.run(plain_round())
+    assert (staged, committed) == (0, 1) and rollout.engine.weights_version == start + 1
+    assert response.error is None and response.metadata["policy_version"] == 1
+
+
 def test_agent_episodes_through_tunix_rollout_worker(rollout, trainer):
     """tunix's worker runs each episode (its `ModelAgent`, our `ScalarTaskEnvironment`) through
     its collector, which asks the sampler for each turn: the assistant segment is what the
