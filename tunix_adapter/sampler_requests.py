@@ -2,8 +2,8 @@
 
 Owns `RowRequest` (a request's prompt ids, its `RolloutConfig`, whether it returns logprobs),
 `row_request`, which makes one from a `SamplingRequest` or a bare prompt with every check made
-before the engine is touched, and `response` / `error_response`, the `SamplingResponse` of its
-output or of its failure.
+before the engine is touched, and `response` / `error_response` / `cancelled_response`, the
+`SamplingResponse` of its output, its failure or its cancel.
 
 Prompts, as tunix's adapters take them (`tunix/experimental/rollout/
 inprocess_vllm_sampler_adapter.py` at c7d8950f): a string (encoded as `generate` encodes it:
@@ -146,6 +146,15 @@ def error_response(request: Any, error: BaseException, ids: list[int] | None) ->
         finish_reason="error",
         error=tunix_compat.ErrorInfo(error_type=type(error).__name__, message=str(error)),
     )
+
+
+def cancelled_response(request: Any, reason: str, ids: list[int] | None) -> Any:
+    """The `SamplingResponse` of a request cancelled while it sampled (the sampler stopped,
+    or the caller's task cancelled): `finish_reason` "cancelled", the reason in `error`."""
+    response = error_response(request, RuntimeError(reason), ids)
+    response.finish_reason = "cancelled"
+    response.error = tunix_compat.ErrorInfo(error_type="Cancelled", message=reason)
+    return response
 
 
 def _describe(prompt: Any) -> str:

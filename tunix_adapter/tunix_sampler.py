@@ -12,6 +12,9 @@ import raises `TunixIncompatible`, naming `tunix.experimental`.
   own options and seed; a request that fails is answered with its `error` (finish_reason
   "error") while the others complete. Every response carries the policy version that sampled
   it (`metadata["policy_version"]`), and the routed experts where the engine returns them.
+  Each request samples in a `cancel_scope` of its own: a cancelled `sample` task aborts its
+  requests in the engine (and returns once they have left the batch), and `stop` aborts those
+  sampling then, answered with finish_reason "cancelled".
 - Weight-sync rounds (`sampler_rounds`): `pre_weight_sync` returns once no `sample` call of
   this sampler runs; `weight_sync` stages the weights the request carries, touching nothing;
   `post_weight_sync` swaps them in: the engine lets the calls running finish under the old
@@ -44,6 +47,7 @@ import jax
 import numpy as np
 
 from sgl_jax_rollout import tunix_compat
+from sgl_jax_rollout.engine.cancel_scope import CancelScope, cancel_scope
 from tunix_adapter import sampler_requests as requests_lib
 from tunix_adapter.sampler_rounds import SyncRounds, round_key
 
@@ -89,6 +93,7 @@ class SglangJaxSampler(_Protocol):
         self._versions = {0: 0}  # engine weights version -> policy version
         self._lock = threading.Lock()
         self._in_flight = 0
+        self._scopes: set[CancelScope] = set()  # one per request sampling now
         self._stopped = False
 
     # --- Lifecycle & topology ---
@@ -105,7 +110,10 @@ class SglangJaxSampler(_Protocol):
         """Refuses later calls, resumes generation where this sampler paused it; shuts the
         engine down where this sampler built it."""
         self._stopped = True
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        with self._lock:
+            for scope in self._scopes:  # their requests end, answered "cancelled"
+                scope.cancel(f"sampler {self.server_id!r} was stopped")
+        self._pool.shutdown(wait=False)
         if self._rollout is not None:
             if self._owned:
                 self._rollout.shutdown()
@@ -138,34 +146,46 @@ class SglangJaxSampler(_Protocol):
         one = not isinstance(sampling_requests, (list, tuple))
         batch = [sampling_requests] if one else list(sampling_requests)
         rollout = self._serving()
-        loop = asyncio.get_running_loop()
         logprobs = bool(kwargs.get("return_logprobs", False))
+        scopes = [CancelScope() for _ in batch]
         with self._lock:
             self._in_flight += 1
+            self._scopes.update(scopes)
         try:
             futures = [
-                loop.run_in_executor(self._pool, self._sample_one, rollout, r, logprobs)
-                for r in batch
+                self._pool.submit(self._sample_one, rollout, r, logprobs, scope)
+                for r, scope in zip(batch, scopes, strict=True)
             ]
-            responses = await asyncio.gather(*futures)
+            responses = await asyncio.gather(*map(asyncio.wrap_future, futures))
+        except asyncio.CancelledError:  # the caller's task: its requests leave the engine
+            for scope in scopes:
+                scope.cancel("the sample call was cancelled")
+            await asyncio.to_thread(concurrent.futures.wait, futures)  # aborted, they end
+            raise
         finally:
             with self._lock:
                 self._in_flight -= 1
+                self._scopes.difference_update(scopes)
         return responses[0] if one else responses
 
-    def _sample_one(self, rollout: Any, request: Any, return_logprobs: bool) -> Any:
+    def _sample_one(
+        self, rollout: Any, request: Any, return_logprobs: bool, scope: CancelScope
+    ) -> Any:
         ids = None
         try:
             row = requests_lib.row_request(
                 request, self._defaults, self._encode, self._chat, return_logprobs
             )
             ids = row.prompt_ids
-            output = rollout.generate_from_ids([row.prompt_ids], row.config)
+            with cancel_scope(scope):
+                output = rollout.generate_from_ids([row.prompt_ids], row.config)
             version = int(output.versions[0][0]) if len(output.tokens[0]) else None
             with self._lock:
                 policy = self._versions.get(version, self._rounds.policy_version)
             return requests_lib.response(row, output, policy)
         except Exception as error:  # one request's failure is its own response
+            if scope.cancelled:
+                return requests_lib.cancelled_response(request, scope.future.result(), ids)
             return requests_lib.error_response(request, error, ids)
 
     def _encode(self, text: str) -> list[int]:

@@ -10,8 +10,9 @@ Calls from many threads run at once: each is admitted by the engine's `CallGate`
 call of its sampler output mode, and its requests join the engine's running batch beside
 other calls' (continuous batching across calls). What a call needs beyond the collector's
 stores, which are keyed by request id, is its own: its request ids and group watch are the
-call's locals, why it was aborted its `_CallState` (which `abort` reaches). Must not change
-weights or memory (it only asks `check_serving`).
+call's locals, why it was aborted its `_CallState` (which `abort` reaches), with the cancel of
+the calling thread's `cancel_scope`, which ends the call's requests like an early stop. Must not
+change weights or memory (it only asks `check_serving`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from sgl_jax_rollout.engine import upstream
+from sgl_jax_rollout.engine import cancel_scope, upstream
 from sgl_jax_rollout.engine.call_gate import SCORING_MODE, CallGate
 from sgl_jax_rollout.engine.collector import Collector, Completion
 from sgl_jax_rollout.engine.process import EngineProcess
@@ -41,6 +42,7 @@ from sgl_jax_rollout.engine.settings import EngineSettings
 logger = logging.getLogger(__name__)
 
 JUDGE_POLL_S = 0.01  # how often a call with `accept` judges the groups that finished
+ABORT_RESEND_S = 0.05  # how often an early stop or a cancel sends its aborts again
 
 
 @dataclasses.dataclass
@@ -61,9 +63,11 @@ class PrefillCounts:
 
 @dataclasses.dataclass(eq=False)
 class _CallState:
-    """What one running call owns: `abort_reason`, set when `RolloutEngine.abort` ended it."""
+    """What one running call owns: `abort_reason`, set when `RolloutEngine.abort` or its
+    `cancel_scope` ended it, and that scope's `cancel` future."""
 
     abort_reason: str | None = None
+    cancel: concurrent.futures.Future | None = None
 
 
 class Requests:
@@ -145,6 +149,7 @@ class Requests:
                     watch = self.collector.watch_groups(group_of, need_groups, accept)
                 outputs = self._submit(
                     watch,
+                    call,
                     input_ids=input_ids,
                     sampling_params=params,
                     rid=rids,
@@ -183,7 +188,10 @@ class Requests:
     @contextlib.contextmanager
     def _running(self) -> Iterator[_CallState]:
         """The state of a call admitted to the engine, known to `abort` while it runs."""
-        call = _CallState()
+        scope = cancel_scope.current()
+        if scope is not None:
+            scope.check()
+        call = _CallState(cancel=None if scope is None else scope.future)
         with self._calls_lock:
             self._calls.add(call)
         try:
@@ -229,7 +237,7 @@ class Requests:
         """`_submit` for requests the collector does not record (scoring, shared prefills):
         aborted when the submission fails; RuntimeError naming `what` if any was aborted."""
         try:
-            outputs = self._submit(None, **fields)
+            outputs = self._submit(None, call, **fields)
         except BaseException:
             self._abort(fields["rid"])
             raise
@@ -307,13 +315,13 @@ class Requests:
             return f"aborted: {call.abort_reason}"
         return message
 
-    def _submit(self, watch: Any, **fields: Any) -> list[dict]:
+    def _submit(self, watch: Any, call: _CallState, **fields: Any) -> list[dict]:
         """Sends one batch request; returns its outputs, or raises when the engine ends first
         (shut down from another thread, or stopped by a fault). When the future of `watch` (a
-        `Collector.watch_groups` watch, or None) is set first, every request of the batch still
-        running is aborted and the outputs come back once upstream has ended them. With the
-        watch's `accept`, its groups are judged here as they finish (`Collector.judge_groups`),
-        every `JUDGE_POLL_S`."""
+        `Collector.watch_groups` watch, or None) or the call's cancel is set first, every
+        request of the batch still running is aborted and the outputs come back once upstream
+        has ended them. With the watch's `accept`, its groups are judged here as they finish
+        (`Collector.judge_groups`), every `JUDGE_POLL_S`."""
         obj = upstream.get("GenerateReqInput")(**fields)
         engine, hooks = self._process.engine, self._process.hooks
 
@@ -324,14 +332,19 @@ class Requests:
         hooks.arrivals.expect(fields["rid"])
         future = asyncio.run_coroutine_threadsafe(run(), engine.loop)
         early = None if watch is None else watch.future
-        waits = [future, hooks.ended, *([early] if early is not None else [])]
+        ends = [f for f in (early, call.cancel) if f is not None]
         try:
             poll = JUDGE_POLL_S if watch is not None and watch.accept is not None else None
+            waits = [future, hooks.ended, *ends]
             while not concurrent.futures.wait(waits, poll, FIRST_COMPLETED).done:
                 self.collector.judge_groups(watch)
-            if early is not None and early.done() and not future.done():
+            if call.cancel is not None and call.cancel.done():
+                call.abort_reason = call.cancel.result()
+            while any(f.done() for f in ends) and not future.done() and not hooks.ended.done():
+                # again every ABORT_RESEND_S: upstream drops an abort that reaches it before
+                # its request does (`TokenizerManager.abort_request`)
                 self._abort([rid for rid in fields["rid"] if not self.collector.finished(rid)])
-                concurrent.futures.wait([future, hooks.ended], return_when=FIRST_COMPLETED)
+                concurrent.futures.wait([future, hooks.ended], ABORT_RESEND_S, FIRST_COMPLETED)
             if not future.done():
                 raise RuntimeError(f"{hooks.ended.result()}; this call did not finish")
             out = future.result()

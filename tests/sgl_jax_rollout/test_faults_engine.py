@@ -12,6 +12,7 @@ It runs on the session rollout, before the test that shuts it down (tests/confte
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 import time
@@ -223,6 +224,54 @@ def test_an_abort_in_the_middle_of_a_batch_ends_the_call_and_the_engine_goes_on(
     assert len(errors) == 1 and isinstance(errors[0], RuntimeError), errors
     assert "4 of 4 requests failed: aborted: test abort" in str(errors[0])
     assert time.perf_counter() - started < 30  # 400 tokens each would take far longer
+    still_serving(rollout, reference)
+
+
+def test_a_cancelled_scope_ends_its_own_call_and_the_others_go_on(rollout, reference):
+    """`cancel_scope`: the scope's call ends, aborted, naming the reason; a call of another
+    thread running beside it in the same batch completes whole; a later call in the cancelled
+    scope raises before the engine is touched."""
+    from sgl_jax_rollout.engine.cancel_scope import cancel_scope
+
+    results: dict[str, object] = {}
+    opened = threading.Event()
+    scopes = []
+
+    def call(name, tokens, scoped):
+        try:
+            with cancel_scope() if scoped else contextlib.nullcontext() as scope:
+                scopes.append(scope)
+                opened.set()
+                results[name] = rollout.generate(
+                    PROMPTS,
+                    config(max_tokens_to_generate=tokens, max_prompt_length=64),
+                    ignore_eos=True,
+                )
+        except BaseException as err:
+            results[name] = err
+
+    mine = threading.Thread(target=call, args=("scoped", 400, True))
+    other = threading.Thread(target=call, args=("other", 40, False))
+    mine.start()
+    opened.wait(10)
+    other.start()
+    engine = rollout.engine
+    while engine.store_sizes()["records"] == 0 and mine.is_alive():
+        time.sleep(0.01)
+    time.sleep(0.05)
+    scopes[0].cancel("the trajectory was cancelled")
+    mine.join(60)
+    other.join(60)
+    error = results["scoped"]
+    assert isinstance(error, RuntimeError), error
+    assert "2 of 2 requests failed: aborted: the trajectory was cancelled" in str(error)
+    assert [len(t) for t in results["other"].tokens] == [40, 40]
+    with cancel_scope() as scope:
+        scope.cancel("gone")
+        sent = engine.prefill_counts.sent
+        with pytest.raises(RuntimeError, match=r"aborted: gone \(before the call started\)"):
+            rollout.generate(PROMPTS, config())
+        assert engine.prefill_counts.sent == sent
     still_serving(rollout, reference)
 
 

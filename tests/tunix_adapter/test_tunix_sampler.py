@@ -109,9 +109,40 @@ def test_sample_serves_every_prompt_kind_and_answers_bad_requests_alone(rollout,
     busy = [s for s in seen if s.num_requests_running + s.num_requests_waiting]
     assert busy and all(0 < s.kv_cache_usage_perc <= 100 for s in busy)
     assert after.num_requests_running == after.num_requests_waiting == 0
-    asyncio.run(sampler.stop())
+
+    async def cancelled_then_stopped():
+        long = [_requests(tc, prompt=text, max_tokens=300, seed=s) for s in range(2)]
+        for _ in range(2):  # a cancelled task, then a stop, while the engine samples
+            task = asyncio.ensure_future(sampler.sample(long))
+            while not (await sampler.get_load_info()).num_requests_running:
+                await asyncio.sleep(0.005)
+            steps = rollout.engine._scheduler.forward_ct
+            if task.cancel() and not await _cancelled(task):
+                raise AssertionError("the sample task was not cancelled")
+            assert rollout.engine.store_sizes()["records"] == 0
+            while (await sampler.get_load_info()).num_requests_running:  # gone at the next step
+                await asyncio.sleep(0.005)
+            assert rollout.engine._scheduler.forward_ct - steps < 30  # aborted, not run out
+            long = long[:1]
+        task = asyncio.ensure_future(sampler.sample(long))
+        while not (await sampler.get_load_info()).num_requests_running:
+            await asyncio.sleep(0.005)
+        await sampler.stop()
+        return await task
+
+    (stopped,) = asyncio.run(cancelled_then_stopped())
+    assert stopped.finish_reason == "cancelled" and "was stopped" in stopped.error.message
+    assert rollout.engine.store_sizes()["records"] == 0
     with pytest.raises(RuntimeError, match="stopped"):
         asyncio.run(sampler.sample(text))
+
+
+async def _cancelled(task) -> bool:
+    try:
+        await task
+    except asyncio.CancelledError:
+        return True
+    return False
 
 
 def test_weight_sync_rounds_under_tunix_rollout_worker(rollout, trainer):
