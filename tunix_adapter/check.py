@@ -17,6 +17,11 @@ copies share one prefill, as GRPO's do):
    trainer's mass on those ids), a gap between rollout and trainer logprobs in training that
    no engine fix closes (tiny on a trained checkpoint; large on random weights whose tokenizer
    is a fraction of the vocabulary, as the Qwen3-0.6B-size benchmark model's);
+   Beside them, reported and not judged: the mean gap at temperature 1, and the floor, the
+   trainer against itself on the same rows with 64 more pad columns (same tokens, same
+   positions, another batch layout): the spread no implementation beats without
+   batch-invariant kernels on both sides (in bfloat16 the engine's gap is judged against a
+   fixed tolerance still; the floor says how much of it any engine would keep);
 3. weight sync: after `update_params` with perturbed trainer weights (or perturbed LoRA
    adapters, as tunix syncs them), fidelity at temperature 1 again;
 4. alignment: one logprob and one entropy per token, a stop (EOS) token only at the end,

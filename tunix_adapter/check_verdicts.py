@@ -62,6 +62,7 @@ def verdicts(
 
     valid = valid_ids(rollout)
     padded_gaps = []  # per sampled check: the trainer's largest log-mass on never-sampled ids
+    gaps = []  # per sampled check: the mean |engine - trainer| logprob
 
     def fidelity(temperature: float) -> float:
         say(f"sampling and scoring at T={temperature:g} ({rows_of}, {config.max_tokens} new)")
@@ -77,10 +78,9 @@ def verdicts(
             padded_gaps.append(
                 max(float(g[:k].max(initial=0.0)) for g, k in zip(gap, ends, strict=True))
             )
-        return max(
-            float(np.abs(np.asarray(lp)[:k] - reference[i, :k]).max(initial=0.0))
-            for i, (lp, k) in enumerate(zip(out.logprobs, ends, strict=True))
-        )
+        diffs = _gaps(out.logprobs, reference, ends)
+        gaps.append(float(diffs.mean()) if diffs.size else 0.0)
+        return float(diffs.max(initial=0.0))
 
     say(f"greedy tokens against the trainer's argmax ({rows_of}, {config.max_tokens} new)")
     greedy = rollout.generate(
@@ -109,6 +109,7 @@ def verdicts(
         rows.append(
             Verdict(f"logprob |diff| vs trainer, T={temperature}", diff, limit, diff <= tolerance)
         )
+    rows += _floor(rollout, trainer, outputs[1], gaps[0], replay, say)
     if replay:
         flipped = float(
             routing_replay.own_routing_mismatch(
@@ -177,6 +178,49 @@ def verdicts(
         pad_row,
     ]
     return rows
+
+
+def _gaps(logprobs, reference: np.ndarray, ends: list[int]) -> np.ndarray:
+    """|a - b| of every compared token: `logprobs` (per row) against `reference` `[B, L]`,
+    each row up to its end."""
+    parts = [
+        np.abs(np.asarray(lp)[:k] - reference[i, :k])
+        for i, (lp, k) in enumerate(zip(logprobs, ends, strict=True))
+    ]
+    return np.concatenate(parts) if parts else np.zeros(0)
+
+
+def _floor(rollout, trainer, out, mean_gap: float, replay: bool, say) -> list[Verdict]:
+    """The trainer against itself on the T=1 rows, as given and with `LAYOUT_PAD_COLUMNS`
+    more pad columns (same tokens, same positions): the spread no implementation beats
+    without batch-invariant kernels on both sides, reported beside the engine's mean gap."""
+    from tunix_adapter.scoring import (
+        LAYOUT_PAD_COLUMNS,
+        before_pad,
+        trainer_logps,
+        with_more_padding,
+    )
+
+    say(f"the trainer against itself, {LAYOUT_PAD_COLUMNS} more pad columns (the floor)")
+    pad = rollout.pad_id()
+    given = trainer_logps(rollout, trainer, out, 1.0, replay)
+    wider = trainer_logps(rollout, trainer, with_more_padding(out, pad), 1.0, replay)
+    spread = _gaps(list(given), wider, [before_pad(t, pad) for t in out.tokens])
+    return [
+        Verdict("logprob mean |diff| vs trainer, T=1.0", mean_gap, "reported", True),
+        Verdict(
+            "floor: trainer vs itself, other padding, max",
+            float(spread.max(initial=0.0)),
+            "reported",
+            True,
+        ),
+        Verdict(
+            "floor: trainer vs itself, other padding, mean",
+            float(spread.mean()) if spread.size else 0.0,
+            "reported",
+            True,
+        ),
+    ]
 
 
 def valid_ids(rollout) -> int | None:

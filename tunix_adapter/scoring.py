@@ -3,13 +3,15 @@
 Owns `trainer_logps` and `trainer_scores` (tunix's `compute_per_token_logps` on a rollout
 output, the second with the trainer's logits too; replaying the rollout's experts on a MoE
 where asked; in one process, in chunks of rows whose logits fit `SCORING_LOGITS_BYTES`),
-`replays` (whether a rollout and trainer can) and `before_pad` (where a completion ends for
-tunix's trainer, which reads a pad id as padding).
+`replays` (whether a rollout and trainer can), `before_pad` (where a completion ends for
+tunix's trainer, which reads a pad id as padding) and `with_more_padding` (the same rows in
+another batch layout).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -22,6 +24,7 @@ from tunix_adapter.process_batch import global_batch, local_rows, widest
 # (tunix's `compute_per_token_logps` holds them and their log-softmax): at Gemma 3's 262,144-id
 # vocabulary one row of 1,040 tokens is 1.1 GB, so 8 rows would take 8.7.
 SCORING_LOGITS_BYTES = 1 << 30
+LAYOUT_PAD_COLUMNS = 64  # `with_more_padding`: one more compiled width, as a bucket would add
 
 
 def trainer_logps(rollout, trainer, out, temperature: float, replay: bool = False) -> np.ndarray:
@@ -89,6 +92,15 @@ def _scores(rollout, trainer, out, temperature: float, replay: bool, logits: boo
     return tuple(
         np.concatenate([np.asarray(part[i]) for part in parts])[:rows] for i in range(len(parts[0]))
     )
+
+
+def with_more_padding(out: Any, pad: int, columns: int = LAYOUT_PAD_COLUMNS) -> Any:
+    """`out` with `columns` more pad ids left of every prompt: the same tokens at the same
+    positions (tunix's trainer numbers positions from the mask) in another batch layout, which
+    scored again gives the trainer's own layout spread (`check`'s floor row)."""
+    prompts = np.asarray(out.left_padded_prompt_tokens)
+    wider = np.pad(prompts, ((0, 0), (columns, 0)), constant_values=pad)
+    return dataclasses.replace(out, left_padded_prompt_tokens=wider)
 
 
 def chunk_rows(rows: int, row_logits_bytes: int) -> int:

@@ -198,9 +198,17 @@ class SglangJaxSampler(_Protocol):
         return list(ids["input_ids"] if isinstance(ids, Mapping) else ids)
 
     # --- Weight synchronization ---
-    async def bind_weight_sync(self, **kwargs: Any) -> dict[str, Any]:
-        """The transport: weights travel in the request, in this process."""
-        return {"server_id": self.server_id, "transport": "in_process"}
+    async def bind_weight_sync(self, sync_request: Any = None, **kwargs: Any) -> dict[str, Any]:
+        """Binds nothing: the weights travel in the `weight_sync` call (in this process, or
+        pickled by tunix's remote execution), so no buffer is registered ahead. Says so, with
+        what serves now: the engine's parameter count and the policy version."""
+        state = self._serving().engine.engine_state()
+        return {
+            "server_id": self.server_id,
+            "transport": "weights_in_request",
+            "params": len(jax.tree_util.tree_leaves(state)),
+            "policy_version": self._rounds.policy_version,
+        }
 
     async def get_weight_sync_metadata(self, **kwargs: Any) -> list[dict[str, Any]]:
         """Per host, the engine's parameters (path, shape, dtype, sharding) that

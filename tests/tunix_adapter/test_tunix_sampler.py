@@ -169,6 +169,8 @@ def test_weight_sync_rounds_under_tunix_rollout_worker(rollout, trainer):
         (host,) = await sampler.get_weight_sync_metadata()
         names = {p["path"] for p in host["params"]}
         assert len(names) == len(host["params"]) > 0 and all(p["shape"] for p in host["params"])
+        bound = await sampler.bind_weight_sync()
+        assert bound["transport"] == "weights_in_request" and bound["params"] == len(names)
         before = await sampler.sample(request)
         aborted = round_of(1, 1)
         await worker.pre_weight_sync(aborted)
