@@ -15,6 +15,7 @@ settings tunix's models ignore are applied through `tunix_adapter.rope`.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -162,9 +163,17 @@ def vocab_size(config: Any) -> int:
     return int(getattr(config, "vocab_size", None) or config.num_embed)
 
 
-def load_tunix_model(model_dir: str | Path, mesh: jax.sharding.Mesh | None = None):
-    """The nnx model of `model_dir`, loaded by tunix's own safetensors loader."""
+def load_tunix_model(
+    model_dir: str | Path, mesh: jax.sharding.Mesh | None = None, dtype: Any = None
+):
+    """The nnx model of `model_dir`, loaded by tunix's own safetensors loader. `dtype` (default
+    None): the weights as stored, and tunix's own compute dtype (float32 for its Qwen2 / Qwen3,
+    whose configs default to it; the weights' for the others). Given (`jnp.bfloat16`): the
+    weights cast to it, and every tunix model computes in it (Qwen's config `dtype` and
+    `param_dtype` set), as a trainer on bfloat16 chips runs."""
     config, package = _tunix_config_and_package(model_dir)
+    if dtype is not None and hasattr(config, "param_dtype") and hasattr(config, "dtype"):
+        config = dataclasses.replace(config, dtype=dtype, param_dtype=dtype)
     model_dir_lib.check_weights(model_dir)
     if model_dir_lib.read_config(model_dir).get("model_type") == "gemma3":
         _check_gemma3_prefix(model_dir)
@@ -172,7 +181,7 @@ def load_tunix_model(model_dir: str | Path, mesh: jax.sharding.Mesh | None = Non
     params = tunix_compat.model_module(
         package, "params_safetensors" if package.startswith("gemma") else "params"
     )
-    return params.create_model_from_safe_tensors(str(model_dir), config, mesh=mesh)
+    return params.create_model_from_safe_tensors(str(model_dir), config, mesh=mesh, dtype=dtype)
 
 
 def _check_gemma3_prefix(model_dir: str | Path) -> None:

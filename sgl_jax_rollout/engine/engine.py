@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from sgl_jax_rollout.engine import memory, patches, rope_phases
+from sgl_jax_rollout.engine import memory, numerics, patches, rope_phases
 from sgl_jax_rollout.engine.availability import require_sgl_jax
 from sgl_jax_rollout.engine.call_gate import CallGate
 from sgl_jax_rollout.engine.collector import Collector, Completion
@@ -155,6 +155,7 @@ class RolloutEngine:
                 if settings.rope_phases == "trainer"
                 else "inv_freq"
             ),
+            numerics=numerics.trainer_rounding(self.model_type, settings.numerics),
         )
         self._gate = CallGate()
         self._process = EngineProcess(self._hooks, self._gate)

@@ -31,10 +31,20 @@ from sgl_jax_rollout.engine.dp_attention import DATA, TENSOR, per_head
 
 
 def paged_native_attention(
-    backend: Any, q, k, v, layer: Any, forward_batch: Any, pool: Any, **kwargs: Any
+    backend: Any,
+    q,
+    k,
+    v,
+    layer: Any,
+    forward_batch: Any,
+    pool: Any,
+    round_weights: bool = False,
+    **kwargs: Any,
 ) -> tuple[jax.Array, jax.Array]:
     """`NativeAttention.__call__` on the paged attention: the layer's output `[tokens,
-    heads * head_dim]` and its updated fused KV buffer."""
+    heads * head_dim]` and its updated fused KV buffer. `round_weights`: a narrower-than-float32
+    model's attention weights are normalised, then rounded to its dtype before the value
+    product (`ScoreOptions.round_weights`)."""
     forward_mode = upstream.get("ForwardMode")
     mode = forward_batch.forward_mode
     decode = mode == forward_mode.DECODE
@@ -63,6 +73,7 @@ def paged_native_attention(
         window=layer.sliding_window_size,
         softmax_dtype=layer.softmax_dtype,
         temperature_len=getattr(layer, "xai_temperature_len", None),
+        round_weights=q.dtype if round_weights and jnp.finfo(q.dtype).bits < 32 else None,
     )
     zeros = jnp.zeros_like(forward_batch.seq_lens)
     return _layer(

@@ -57,13 +57,18 @@ BLOCK_GROUP = 4
 class ScoreOptions:
     """How a layer's scores become weights, as upstream's native backend computes them:
     `scale` times q.k, soft-capped at `logit_cap`, scaled by xai temperature past
-    `temperature_len`, masked to the last `window` positions, softmax in `softmax_dtype`."""
+    `temperature_len`, masked to the last `window` positions, softmax in `softmax_dtype`.
+    `round_weights` (default None: upstream's, the weights kept unnormalised in float32 and
+    the sum divided once at the end): the dtype each weight is rounded to once normalised,
+    before the value product, as tunix's models round theirs (`softmax(...).astype(dtype)`);
+    it costs a second pass over the keys."""
 
     scale: float
     logit_cap: float | None = None
     window: int | None = None
     softmax_dtype: Any = None
     temperature_len: float | None = None
+    round_weights: Any = None
 
 
 def request_offsets(seq_lens: Int[Array, " reqs"], page_size: int) -> Int[Array, " reqs"]:
@@ -288,8 +293,9 @@ def _attend_own_slots(
     stat = jnp.promote_types(options.softmax_dtype or q.dtype, jnp.float32)
     neg = jnp.finfo(stat).min
 
-    def step(i, carry):
-        top, total, acc = carry
+    def chunk_scores(i):
+        """Chunk i's scores `[blocks, kv, group, size, chunk]` in `stat` (unseen keys at
+        `neg`), which keys each query sees, and the chunk's values."""
         keys = i * chunk + jnp.arange(chunk)
         index = jnp.minimum(start + keys, cache_loc.shape[0] - 1)
         k, v = _gather_kv(fused, cache_loc[index], head_dim)  # [blocks, chunk, kv, head_dim]
@@ -306,18 +312,25 @@ def _attend_own_slots(
         if options.softmax_dtype is not None:
             scores = scores.astype(options.softmax_dtype)
         seen = seen[:, None, None]
-        scores = jnp.where(seen, scores.astype(stat), neg)
+        return jnp.where(seen, scores.astype(stat), neg), seen, v
+
+    def step(i, carry):
+        top, total, acc = carry
+        scores, seen, v = chunk_scores(i)
         new_top = jnp.maximum(top, jnp.max(scores, axis=-1, keepdims=True))
         exp = jnp.where(seen, jnp.exp(scores - new_top), 0.0)
         rescale = jnp.exp(top - new_top)
+        total = total * rescale + jnp.sum(exp, -1, keepdims=True)
+        if options.round_weights is not None:  # the values come in the second pass
+            return new_top, total, acc
         weights = exp.astype(v.dtype) if options.softmax_dtype is not None else exp
         part = jnp.einsum("nkgbc,nckd->nkgbd", weights, v, preferred_element_type=stat)
-        return new_top, total * rescale + jnp.sum(exp, -1, keepdims=True), acc * rescale + part
+        return new_top, total, acc * rescale + part
 
     shape = (blocks, kv_heads, group, size)
+    loop = (keys_start // chunk, (keys_end + chunk - 1) // chunk)
     top, total, acc = jax.lax.fori_loop(
-        keys_start // chunk,
-        (keys_end + chunk - 1) // chunk,
+        *loop,
         step,
         (
             jnp.full((*shape, 1), neg, stat),
@@ -327,7 +340,18 @@ def _attend_own_slots(
     )
     if sink is not None:
         total = total + jnp.exp(sink.reshape(1, kv_heads, group, 1, 1).astype(stat) - top)
-    out = acc / jnp.where(total > 0, total, 1.0)
+    total = jnp.where(total > 0, total, 1.0)
+    if options.round_weights is None:
+        out = acc / total
+    else:  # a second pass: each weight normalised, then rounded, before the value product
+
+        def weighted(i, acc):
+            scores, seen, v = chunk_scores(i)
+            weights = jnp.where(seen, jnp.exp(scores - top) / total, 0.0)
+            weights = weights.astype(options.round_weights)
+            return acc + jnp.einsum("nkgbc,nckd->nkgbd", weights, v, preferred_element_type=stat)
+
+        out = jax.lax.fori_loop(*loop, weighted, jnp.zeros((*shape, head_dim), stat))
     return jnp.moveaxis(out, 3, 1).reshape(blocks, size, heads, head_dim).astype(q.dtype)
 
 

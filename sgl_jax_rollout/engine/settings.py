@@ -21,6 +21,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 ATTENTION_BACKENDS = ("fa", "native", "fa_mha")
 NATIVE_ATTENTIONS = ("paged", "upstream")
 ROPE_PHASES = ("trainer", "sgl-jax")
+NUMERICS = ("trainer", "sgl-jax")
 SWITCHES = (
     "overlap_schedule",
     "vocab_parallel_sampler",
@@ -88,6 +89,11 @@ class EngineSettings:
     RoPE; they differ in the last bit of about half the phases, which on long contexts moves
     logprobs by up to 1e-4 (Gemma 3 270M). RoPE with frequencies of its own (llama3 scaling,
     YaRN, Gemma 4's) is upstream's under both.
+    `numerics` (default "trainer"): how a bfloat16 engine rounds where tunix's model of the
+    checkpoint rounds otherwise than sgl-jax (`engine/numerics.py`): "trainer": RMS norms in
+    tunix's op order (Qwen2 / 3, Llama) and attention weights normalised, then rounded, before
+    the value product (those and Gemma 4; the paged native attention only, not the TPU
+    kernel); "sgl-jax": upstream's. float32 engines compute the same under both.
     """
 
     dtype: str = "auto"
@@ -115,6 +121,7 @@ class EngineSettings:
     share_group_prefill: bool = True
     native_attention: str = "paged"
     rope_phases: str = "trainer"
+    numerics: str = "trainer"
     compilation_cache_dir: str | None = None
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -136,6 +143,8 @@ class EngineSettings:
             raise ValueError(
                 f"rope_phases must be one of {list(ROPE_PHASES)}, got {self.rope_phases!r}"
             )
+        if self.numerics not in NUMERICS:
+            raise ValueError(f"numerics must be one of {list(NUMERICS)}, got {self.numerics!r}")
         _positive("context_length", self.context_length, low=16)
         _positive("max_running_requests", self.max_running_requests)
         for name in ("precompile_bs_paddings", "precompile_token_paddings"):

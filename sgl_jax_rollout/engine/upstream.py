@@ -92,6 +92,7 @@ SYMBOLS: dict[str, tuple[str, str]] = {
     "Gemma2DecoderLayer": ("models.gemma2", "Gemma2DecoderLayer"),
     "Gemma2MLP": ("models.gemma2", "Gemma2MLP"),
     "GemmaRMSNorm": ("layers.layernorm", "GemmaRMSNorm"),
+    "RMSNorm": ("layers.layernorm", "RMSNorm"),  # patches/agreement.py rms_norm_order
     "RotaryEmbedding": ("layers.embeddings", "RotaryEmbedding"),
     # the models' rotary embeddings, cached per process (patches/agreement.py: its rule must
     # not be stored on them; tests build one through it)
@@ -140,6 +141,7 @@ FUNCTIONS: dict[str, tuple[str, ...]] = {
         "scaling_factor",
     ),
     "RotaryEmbedding._compute_cos_sin": ("self", "positions"),
+    "RMSNorm.__call__": ("self", "x", "mask"),
     "NativeAttention.__call__": (
         *("self", "q", "k", "v", "layer", "forward_batch", "token_to_kv_pool"),
     ),
@@ -269,6 +271,7 @@ ATTRIBUTES: dict[str, tuple[str, ...]] = {
         *("pre_feedforward_layernorm", "post_feedforward_layernorm"),
     ),
     "RotaryEmbedding": ("_inv_freq_np", "rotary_dim", "base"),  # and patches/agreement.py
+    "RMSNorm": ("scale", "epsilon", "dtype", "reduction_axes"),
     "ModelRegistryClass": ("models",),
 }
 

@@ -1,7 +1,12 @@
 """Trainer agreement: where sgl-jax rounds a number another way than the trainer does
 (catalog: `patches/__init__.py`).
 
-Owns `install` for `rope_phases`: wraps `RotaryEmbedding._compute_cos_sin` to compute a plain
+Owns `install` for `rope_phases` and `rms_norm_order`. `rms_norm_order` wraps
+`RMSNorm.__call__` (`layers/layernorm.py` at cddbf6f1: `x * (rsqrt(ms + eps) * w)`): a
+bfloat16 (narrower than float32) norm of an engine whose `numerics` is "trainer" weighs its
+normalised input in tunix's op order (`numerics.rms_norm`, the rule of
+`EngineHooks.numerics`); float32 norms, norms with a mask or without a weight stay upstream's.
+`rope_phases` wraps `RotaryEmbedding._compute_cos_sin` to compute a plain
 rotary embedding's phases (sgl-jax's `RotaryEmbedding` itself, or a subclass that declares
 `linear_phase_scaling`, as Gemma 3's) by the phase rule of the engine running it
 (`EngineHooks.rope_phases`, `engine/rope_phases.py`), and `phase_rule`, which says that rule.
@@ -17,12 +22,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from sgl_jax_rollout.engine import rope_phases, upstream
+import jax.numpy as jnp
+
+from sgl_jax_rollout.engine import numerics, rope_phases, upstream
 from sgl_jax_rollout.engine.patches.hooks import current, wrap
 
 
 def install() -> None:
     wrap(upstream.get("RotaryEmbedding"), "_compute_cos_sin", _phases_by_rule)
+    wrap(upstream.get("RMSNorm"), "__call__", _norm_by_rule)
 
 
 def phase_rule(rotary: Any) -> str:
@@ -42,3 +50,15 @@ def _phases_by_rule(original, self: Any, positions):
     return rope_phases.cos_sin(
         positions, self.rotary_dim, self.base, rule, getattr(self, "scaling_factor", 1.0)
     )
+
+
+def _norm_by_rule(original, self: Any, x, mask=None):
+    """rms_norm_order: a narrow-dtype RMS norm with a weight, over the last axis, computed in
+    the running engine's rule (`numerics.rms_norm`); any other upstream's."""
+    hooks = current()
+    rule = hooks.numerics.norm if hooks is not None else None
+    plain = mask is None and self.scale is not None and self.reduction_axes in (-1, (-1,))
+    narrow = jnp.finfo(x.dtype).bits < 32 and self.dtype in (None, x.dtype)
+    if rule is None or not (plain and narrow):
+        return original(self, x, mask)
+    return numerics.rms_norm(x, self.scale[...], self.epsilon, rule)

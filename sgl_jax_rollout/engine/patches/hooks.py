@@ -22,6 +22,7 @@ from sgl_jax_rollout.engine import upstream
 from sgl_jax_rollout.engine.arrivals import Arrivals
 from sgl_jax_rollout.engine.collector import Collector
 from sgl_jax_rollout.engine.idle_work import IdleWork
+from sgl_jax_rollout.engine.numerics import TrainerRounding
 from sgl_jax_rollout.engine.slot_state import SlotState
 from sgl_jax_rollout.sampling.batch import SamplerConfig
 
@@ -64,6 +65,8 @@ class EngineHooks:
     vocab_parallel: bool = False  # the sampler runs on vocabulary-split logits (tp > 1)
     native_attention: str = "paged"  # EngineSettings.native_attention
     rope_phases: str = "inv_freq"  # the rope_phases.py rule EngineSettings.rope_phases gives
+    # what EngineSettings.numerics rounds as the trainer does (numerics.py)
+    numerics: TrainerRounding = dataclasses.field(default_factory=TrainerRounding)
     precompiling: bool = False  # set while upstream precompiles
     slot_state: SlotState | None = None  # the sampler's device state, owned by the step thread
     # (the step's request ids, error) of sampler calls that failed: the scheduler thread fails

@@ -72,7 +72,9 @@ def _native_attention(original, self, q, k, v, layer, forward_batch, token_to_kv
     CPU attention."""
     if getattr(self, "paged", False):
         args = (self, q, k, v, layer, forward_batch, token_to_kv_pool)
-        return paged_native_attention(*args, **kwargs)
+        hooks = current()
+        rounded = hooks is not None and hooks.numerics.attention_weights
+        return paged_native_attention(*args, round_weights=rounded, **kwargs)
     if isinstance(token_to_kv_pool, upstream.get("SWAKVPool")):
         if self.mesh.shape.get("data", 1) > 1:
             raise NotImplementedError(

@@ -187,3 +187,49 @@ def test_a_layers_write_and_read_copy_no_whole_buffer(mode):
     memory = compiled.memory_analysis()
     assert memory.alias_size_in_bytes == fused.nbytes  # the buffer comes back in place
     assert memory.temp_size_in_bytes < fused.nbytes / 4, memory.temp_size_in_bytes
+
+
+def _tunix_attention(q, k, v, scale):
+    """tunix's Qwen3 / Llama attention of one query `[heads, head_dim]` over keys `[keys,
+    kv_heads, head_dim]`, all bfloat16 (`models/qwen3/model.py` `Attention.__call__`): scores
+    in bfloat16, softmax in float32, weights rounded to bfloat16 before the value product."""
+    import jax
+
+    grouped = q.reshape(KV_HEADS, HEADS // KV_HEADS, HEAD_DIM)
+    scores = jnp.einsum("kgd,skd->kgs", grouped, k) * scale
+    weights = jax.nn.softmax(scores.astype(jnp.float32), axis=-1).astype(jnp.bfloat16)
+    return jnp.einsum("kgs,skd->kgd", weights, v).reshape(HEADS, HEAD_DIM)
+
+
+def test_rounded_weights_round_as_tunix_does_in_bfloat16():
+    """`round_weights` (numerics="trainer"): a bfloat16 decode step's outputs are tunix's
+    almost everywhere; upstream's unrounded weights give another bfloat16 output in many
+    elements."""
+    rng = np.random.default_rng(3)
+    seq_lens = [300, 77, 129]
+    fused, cache_loc, runs = _pool(rng, 16, seq_lens)
+    q = rng.normal(size=(len(seq_lens), HEADS, HEAD_DIM))
+    bf16 = jnp.bfloat16
+    args = (jnp.asarray(q, bf16), jnp.asarray(fused, bf16), jnp.asarray(cache_loc))
+    lens = jnp.asarray(np.asarray(seq_lens, np.int32))
+    outs = {
+        rounded: np.asarray(
+            paged_attention.decode_attention(
+                *args,
+                lens,
+                page_size=16,
+                options=paged_attention.ScoreOptions(scale=0.125, round_weights=rounded),
+            ).astype(jnp.float32)
+        )
+        for rounded in (bf16, None)
+    }
+    tunix = []
+    for r, slots in enumerate(runs):
+        k, v = (jnp.asarray(x, bf16) for x in _kv(np.asarray(fused, np.float32), slots))
+        tunix.append(np.asarray(_tunix_attention(args[0][r], k, v, 0.125).astype(jnp.float32)))
+    tunix = np.stack(tunix)
+    same = {rounded: float(np.mean(out == tunix)) for rounded, out in outs.items()}
+    assert same[bf16] >= 0.99, same
+    assert same[None] <= 0.95, same
+    step = np.abs(tunix) * 2.0**-7 + 1e-30  # one bfloat16 step at most
+    assert np.all(np.abs(outs[bf16] - tunix) <= step)

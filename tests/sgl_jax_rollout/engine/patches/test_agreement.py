@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -16,20 +17,26 @@ pytestmark = pytest.mark.engine  # needs sgl-jax importable (no engine is starte
 POSITIONS = jnp.arange(0, 2048, dtype=jnp.int32)
 
 
-def _hooks(rule: str):
+def _hooks(rule: str, norm: str | None = None):
     from sgl_jax_rollout.engine import patches
     from sgl_jax_rollout.engine.collector import Collector
+    from sgl_jax_rollout.engine.numerics import TrainerRounding
 
     patches.apply()
-    return patches.EngineHooks(collector=Collector(), valid_vocab_size=None, rope_phases=rule)
+    return patches.EngineHooks(
+        collector=Collector(),
+        valid_vocab_size=None,
+        rope_phases=rule,
+        numerics=TrainerRounding(norm=norm),
+    )
 
 
 @contextlib.contextmanager
-def _engine(rule: str):
+def _engine(rule: str, norm: str | None = None):
     """An engine's hooks active, as while it builds and traces its model (none starts)."""
     from sgl_jax_rollout.engine import patches
 
-    hooks = _hooks(rule)
+    hooks = _hooks(rule, norm)
     patches.activate(hooks, 0.0)
     try:
         yield
@@ -127,3 +134,64 @@ def test_the_setting_is_refused_by_name_and_resolved_per_model_type():
     with pytest.raises(ValueError, match="rope_phases must be one of"):
         EngineSettings(rope_phases="transformers")
     assert EngineSettings().rope_phases == "trainer"
+    with pytest.raises(ValueError, match="numerics must be one of"):
+        EngineSettings(numerics="bfloat16")
+    assert EngineSettings().numerics == "trainer"
+
+
+def test_trainer_rounding_follows_tunix_where_it_has_the_model():
+    """`numerics.trainer_rounding`: tunix's norm order and rounded attention weights for its
+    Qwen and Llama models (the weights for Gemma 4 too), upstream's for Gemma 2 / 3 (their
+    softmax is in bfloat16 on tunix's side, not aligned), for models tunix lacks and under
+    numerics="sgl-jax"."""
+    from sgl_jax_rollout.engine.numerics import TrainerRounding, trainer_rounding
+
+    assert trainer_rounding("qwen3", "trainer") == TrainerRounding("weight_times_normed", True)
+    assert trainer_rounding("llama", "trainer") == TrainerRounding("weighted_over_rms", True)
+    assert trainer_rounding("gemma4", "trainer") == TrainerRounding(None, True)
+    for model_type in ("gemma2", "gemma3_text", "phi3"):
+        assert trainer_rounding(model_type, "trainer") == TrainerRounding()
+    assert trainer_rounding("qwen3", "sgl-jax") == TrainerRounding()
+
+
+def _tunix_norm(package: str, x, weight):
+    """tunix's RMS norm of `package` (`models/{qwen3,llama3}/model.py` `RMSNorm`) on `x`."""
+    from flax import nnx
+
+    from sgl_jax_rollout import tunix_compat
+
+    model = tunix_compat.model_module(package, "model")
+    dtypes = dict(dtype=x.dtype, param_dtype=x.dtype) if package == "qwen3" else {}
+    norm = model.RMSNorm(x.shape[-1], norm_eps=1e-6, rngs=nnx.Rngs(0), **dtypes)
+    norm.w.value = weight
+    return np.asarray(norm(x).astype(jnp.float32))
+
+
+@pytest.mark.parametrize(
+    ("package", "rule"), [("qwen3", "weight_times_normed"), ("llama3", "weighted_over_rms")]
+)
+def test_bfloat16_rms_norms_weigh_in_the_running_engines_rule(package, rule):
+    """`rms_norm_order`: sgl-jax's RMSNorm in bfloat16 gives tunix's norm bit for bit under the
+    engine's rule, its own (which differs from tunix's in some elements) without one, and
+    float32 norms stay upstream's under the rule."""
+    from sgl_jax_rollout.engine import upstream
+
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.normal(0, 3, size=(512, 1024)), jnp.bfloat16)
+    weight = jnp.asarray(rng.normal(1, 0.3, size=1024), jnp.bfloat16)
+    with jax.set_mesh(jax.make_mesh((1,), ("data",))):  # sgl-jax's layers shard their weights
+        norm = upstream.get("RMSNorm")(
+            1024, epsilon=1e-6, dtype=jnp.bfloat16, param_dtype=jnp.bfloat16
+        )
+        f32 = upstream.get("RMSNorm")(1024, epsilon=1e-6, dtype=jnp.float32)
+    norm.scale.value = weight
+    f32.scale.value = weight.astype(jnp.float32)
+    tunix = _tunix_norm(package, x, weight)
+    with _engine("inv_freq", rule):
+        ruled = np.asarray(norm(x).astype(jnp.float32))
+        f32_ruled = np.asarray(f32(x.astype(jnp.float32)))
+    with _engine("inv_freq"):
+        upstreams = np.asarray(norm(x).astype(jnp.float32))
+    np.testing.assert_array_equal(ruled, tunix)
+    assert np.sum(upstreams != tunix) >= 1  # the rounding the rule removes (rare per element)
+    np.testing.assert_array_equal(f32_ruled, np.asarray(f32(x.astype(jnp.float32))))

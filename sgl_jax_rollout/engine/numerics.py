@@ -1,0 +1,113 @@
+"""Where a narrow-dtype (bfloat16) engine rounds as tunix's trainer rounds.
+
+Owns `TrainerRounding` / `trainer_rounding` (what tunix's model of a config.json `model_type`
+rounds differently from sgl-jax, `NORM_RULES`, `ATTENTION_WEIGHTS_ROUNDED`), `rms_norm` (an
+RMS norm computed by a rule), `excess_precision` (whether XLA may skip roundings this
+process) and `described` (all of it in words, for `check`).
+Nothing here imports sgl-jax or this project.
+
+Read op by op against sgl-project/sglang-jax cddbf6f1 (`layers/layernorm.py` `RMSNorm`,
+`layers/attention/native_backend.py`) and google-tunix 0.1.7 / main c7d8950f
+(`models/{qwen2,qwen3,llama3,gemma4}/model.py`); the other ops of those models (embedding,
+projections, RoPE, residual adds, MLP, LM head in bfloat16 before the float32 log-softmax)
+round the same on both sides. Two differ:
+- RMS norm: tunix's Qwen multiplies the weight by `x / rms` in float32 (`w * (x / rms)`), its
+  Llama 3 divides the weighted `x`, a product in the activation dtype (`(w * x) / rms`),
+  sgl-jax multiplies `x` by `rsqrt(ms + eps) * w` in float32:
+  one float32 ulp apart in many elements, a bfloat16 step apart in a few (the final norm
+  feeds the logits);
+- attention weights: tunix normalises the softmax in float32 and rounds each weight to the
+  activation dtype before the value product (`softmax(...).astype(dtype)`); sgl-jax (and
+  `engine/paged_attention.py` by default) keeps them unnormalised in float32 and divides the
+  sum once.
+tunix's Gemma 2 and 3 compute their softmax and norms in the activation dtype itself; they are
+not aligned here (upstream's rounding serves them under both settings).
+
+The larger part of the gap is neither: XLA on CPU and GPU (and TPU) may keep a fused chain of
+bfloat16 ops in float32 (`xla_allow_excess_precision`, on by default), so each program rounds
+where its fusions end, and the trainer's and the engine's fuse differently. Measured on a
+bfloat16 Qwen3-0.6B replica (tunix's trainer in bfloat16): the trainer against itself compiled
+with the flag off moves by 0.018 nats on average; engine against trainer, both with it off and
+this module's rounding, 0.0007 (docs/guide.md). It is a process flag
+(`XLA_FLAGS=--xla_allow_excess_precision=false`, before JAX starts its backend).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import jax.numpy as jnp
+from jaxtyping import Array, Float
+
+EXCESS_PRECISION_FLAG = "--xla_allow_excess_precision=false"
+
+# config.json model_type -> how tunix's model weighs its RMS norm (see the module docstring).
+NORM_RULES = {
+    "qwen2": "weight_times_normed",
+    "qwen3": "weight_times_normed",
+    "qwen3_moe": "weight_times_normed",
+    "llama": "weighted_over_rms",
+}
+# The model_types whose tunix attention rounds its float32-normalised weights before the
+# value product (tunix's Gemma 2 / 3 take the softmax in the activation dtype: not aligned).
+ATTENTION_WEIGHTS_ROUNDED = frozenset({"qwen2", "qwen3", "qwen3_moe", "llama", "gemma4"})
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainerRounding:
+    """What an engine rounds as the trainer does: `norm` (a `NORM_RULES` value, or None for
+    upstream's) and `attention_weights` (round normalised attention weights to the activation
+    dtype before the value product)."""
+
+    norm: str | None = None
+    attention_weights: bool = False
+
+
+def trainer_rounding(model_type: str, setting: str) -> TrainerRounding:
+    """The rounding an engine with `EngineSettings.numerics == setting` serves a checkpoint of
+    `model_type` with: the trainer's where tunix's model differs and is aligned, else
+    upstream's."""
+    if setting != "trainer":
+        return TrainerRounding()
+    return TrainerRounding(
+        norm=NORM_RULES.get(model_type),
+        attention_weights=model_type in ATTENTION_WEIGHTS_ROUNDED,
+    )
+
+
+def rms_norm(
+    x: Float[Array, "*dims features"], weight: Float[Array, " features"], eps: float, rule: str
+) -> Float[Array, "*dims features"]:
+    """RMS norm of `x` over its last axis, in float32, weighed by `rule` (tunix's op order),
+    returned in `x`'s dtype."""
+    x32 = x.astype(jnp.float32)
+    rms = jnp.sqrt(jnp.mean(x32**2, axis=-1, keepdims=True) + eps)
+    if rule == "weight_times_normed":
+        out = weight.astype(jnp.float32) * (x32 / rms)
+    elif rule == "weighted_over_rms":  # the product in x's dtype, then divided in float32
+        out = weight.astype(x.dtype) * x / rms
+    else:
+        raise ValueError(f"rule must be one of {sorted(set(NORM_RULES.values()))}, got {rule!r}")
+    return out.astype(x.dtype)
+
+
+def excess_precision() -> bool:
+    """Whether XLA may keep narrow-dtype intermediates wider this process (its default):
+    False only where `XLA_FLAGS` turns it off."""
+    flags = os.environ.get("XLA_FLAGS", "").split()
+    values = [f.split("=", 1)[1] for f in flags if f.startswith("--xla_allow_excess_precision=")]
+    return not values or values[-1].lower() not in ("false", "0")
+
+
+def described(model_type: str, setting: str) -> str:
+    """The rounding of `trainer_rounding`, and XLA's excess precision, in words."""
+    rounding = trainer_rounding(model_type, setting)
+    parts = []
+    if rounding.norm:
+        parts.append(f"RMS norm as tunix's {model_type} ({rounding.norm.replace('_', ' ')})")
+    if rounding.attention_weights:
+        parts.append("attention weights rounded before the value product")
+    ours = "; ".join(parts) or f"sgl-jax's (numerics={setting!r}, model_type {model_type!r})"
+    xla = "on (each program rounds where its fusions end)" if excess_precision() else "off"
+    return f"{ours}; XLA excess precision {xla}"
