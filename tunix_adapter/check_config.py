@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+TRAINER_DTYPES = (None, "float32", "bfloat16")
+
 
 @dataclasses.dataclass(frozen=True)
 class CheckConfig:
@@ -22,11 +24,16 @@ class CheckConfig:
     max_tokens: int = 32
     seed: int = 0
     engine_settings: Any = None  # overrides (a mapping of EngineSettings fields)
+    trainer_dtype: str | None = None  # None: the engine's (see `check.py`)
 
     def __post_init__(self) -> None:
         for name in ("prompts", "prompt_tokens", "max_tokens", "samples"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.trainer_dtype not in TRAINER_DTYPES:
+            raise ValueError(
+                f"trainer_dtype must be one of {list(TRAINER_DTYPES)}, got {self.trainer_dtype!r}"
+            )
         if self.lora_rank < 0:
             raise ValueError(f"lora_rank must be >= 0 (0: no LoRA), got {self.lora_rank}")
 

@@ -344,3 +344,15 @@ def served_dtype(dtype: str, model_config: dict[str, Any]) -> str:
     text = language_config(model_config)
     named = text.get("torch_dtype") or text.get("dtype")
     return named if named in DTYPES else dtype
+
+
+def resolved_dtype(dtype: str, model_config: dict[str, Any]) -> str:
+    """The dtype an engine of `EngineSettings.dtype == dtype` computes in for config.json
+    `model_config`: "auto" resolved as sgl-jax resolves it (the language model's dtype,
+    float32 where none is named)."""
+    served = served_dtype(dtype, model_config)
+    if served != "auto":
+        return served
+    text = language_config(model_config)
+    named = text.get("torch_dtype") or text.get("dtype")
+    return named if named in DTYPES and named != "auto" else "float32"

@@ -72,6 +72,21 @@ def add_parser(sub: argparse._SubParsersAction, presets: str) -> None:
         help="how the engine rounds its RoPE phases: trainer, as tunix's model of the "
         "checkpoint does (where tunix has one), or sgl-jax, upstream's (default: trainer)",
     )
+    chk.add_argument(
+        "--numerics",
+        choices=["trainer", "sgl-jax"],
+        default=None,
+        help="how a bfloat16 engine rounds its norms and attention weights: trainer, as "
+        "tunix's model of the checkpoint does (Qwen, Llama; Gemma 4's attention), or sgl-jax, "
+        "upstream's (default: trainer)",
+    )
+    chk.add_argument(
+        "--trainer-dtype",
+        choices=["float32", "bfloat16"],
+        default=None,
+        help="the dtype tunix's trainer computes in, its weights cast to it (default: the "
+        "engine's)",
+    )
     chk.set_defaults(func=_check)
 
 
@@ -88,6 +103,7 @@ def _check(args: argparse.Namespace) -> int:
         samples=args.samples,
         prompt_tokens=args.prompt_tokens,
         max_tokens=args.max_tokens,
+        trainer_dtype=args.trainer_dtype,
         engine_settings={
             name: value
             for name, value in (
@@ -95,6 +111,7 @@ def _check(args: argparse.Namespace) -> int:
                 ("page_size", args.page_size),
                 ("native_attention", args.native_attention),
                 ("rope_phases", args.rope_phases),
+                ("numerics", args.numerics),
             )
             if value is not None
         },

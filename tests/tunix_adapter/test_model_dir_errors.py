@@ -79,3 +79,23 @@ def test_the_engine_refuses_a_broken_directory_before_it_starts(copy):
     with pytest.raises(ValueError, match=r"config.json has no 'vocab_size', which a qwen3 model"):
         SglangJaxRollout(model_path=copy)
     assert patches.current() is None
+
+
+def test_a_dtype_casts_the_weights_and_sets_qwens_compute_dtype(tiny_dir):
+    """`load_tunix_model(dtype=)`: every weight in it, and tunix's Qwen config computing in it
+    (its default is float32 whatever the weights are); without, the weights as stored."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    def dtypes(model):
+        return {leaf.dtype for leaf in jax.tree_util.tree_leaves(nnx.state(model, nnx.Param))}
+
+    stored = load_tunix_model(tiny_dir)
+    assert dtypes(stored) == {jnp.dtype(jnp.float32)}
+    bf16 = load_tunix_model(tiny_dir, dtype=jnp.bfloat16)
+    assert dtypes(bf16) == {jnp.dtype(jnp.bfloat16)}
+    assert bf16.config.dtype == jnp.bfloat16 and bf16.config.param_dtype == jnp.bfloat16
+    ids = jnp.ones((1, 4), jnp.int32)
+    logits, _ = bf16(ids, jnp.arange(4)[None], None, jnp.ones((1, 4, 4), bool))
+    assert jnp.dtype(logits.dtype) == jnp.float32  # tunix returns float32 logits of bfloat16

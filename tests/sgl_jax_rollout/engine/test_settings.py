@@ -111,3 +111,16 @@ def test_auto_dtype_of_a_multimodal_checkpoint_is_its_top_level_dtype():
     assert served_dtype("auto", named) == "float32"
     assert served_dtype("auto", {"torch_dtype": "bfloat16"}) == "auto"  # sgl-jax reads it
     assert served_dtype("auto", {"text_config": text}) == "auto"  # no dtype anywhere
+
+
+def test_the_resolved_dtype_is_what_the_engine_computes_in():
+    """`resolved_dtype` (what `check` builds its trainer in): "auto" resolved from the
+    language model's config, float32 where none is named; a named dtype kept."""
+    from sgl_jax_rollout.engine.settings import resolved_dtype
+
+    assert resolved_dtype("auto", {"torch_dtype": "bfloat16"}) == "bfloat16"
+    assert resolved_dtype("auto", {"dtype": "float16"}) == "float16"
+    assert resolved_dtype("auto", {}) == "float32"
+    assert resolved_dtype("float32", {"torch_dtype": "bfloat16"}) == "float32"
+    text = {"model_type": "gemma3_text"}
+    assert resolved_dtype("auto", {"torch_dtype": "bfloat16", "text_config": text}) == "bfloat16"
