@@ -120,13 +120,13 @@ def verdicts(
                 trainer, outputs[1], rollout.pad_id(), rollout.eos_id()
             ).max()
         )
-        judged = tolerance == F32_TOLERANCE
+        exact = tolerance == F32_TOLERANCE
         rows.append(
             Verdict(
                 "MoE: positions routed otherwise without replay",
                 flipped,
-                "== 0" if judged else "reported",
-                flipped == 0 or not judged,
+                "== 0" if exact else "reported",
+                flipped == 0 or not exact,
             )
         )
 

@@ -6,22 +6,25 @@ RMS norm computed by a rule), `excess_precision` (whether XLA may skip roundings
 process) and `described` (all of it in words, for `check`).
 Nothing here imports sgl-jax or this project.
 
-Read op by op against sgl-project/sglang-jax cddbf6f1 (`layers/layernorm.py` `RMSNorm`,
-`layers/attention/native_backend.py`) and google-tunix 0.1.7 / main c7d8950f
-(`models/{qwen2,qwen3,llama3,gemma4}/model.py`); the other ops of those models (embedding,
-projections, RoPE, residual adds, MLP, LM head in bfloat16 before the float32 log-softmax)
-round the same on both sides. Two differ:
+Read op by op against sgl-project/sglang-jax cddbf6f1 (`layers/layernorm.py`,
+`layers/embeddings.py`, `layers/attention/native_backend.py`) and google-tunix 0.1.7 / main
+c7d8950f (`models/{qwen2,qwen3,llama3,gemma,gemma3,gemma4}/model.py`). Aligned here:
 - RMS norm: tunix's Qwen multiplies the weight by `x / rms` in float32 (`w * (x / rms)`), its
   Llama 3 divides the weighted `x`, a product in the activation dtype (`(w * x) / rms`),
   sgl-jax multiplies `x` by `rsqrt(ms + eps) * w` in float32:
   one float32 ulp apart in many elements, a bfloat16 step apart in a few (the final norm
-  feeds the logits);
+  feeds the logits); tunix's Gemma 2 / 3 norm (`x * (1 + w)`) computes every step in the
+  activation dtype, sgl-jax's `GemmaRMSNorm` in float32 (`GEMMA_NORM_IN_DTYPE`);
 - attention weights: tunix normalises the softmax in float32 and rounds each weight to the
   activation dtype before the value product (`softmax(...).astype(dtype)`); sgl-jax (and
   `engine/paged_attention.py` by default) keeps them unnormalised in float32 and divides the
   sum once.
-tunix's Gemma 2 and 3 compute their softmax and norms in the activation dtype itself; they are
-not aligned here (upstream's rounding serves them under both settings).
+Not aligned (upstream's rounding serves them under both settings): tunix's Gemma 2 / 3 take
+the softmax itself in the activation dtype; tunix's Llama 3 and Gemma apply RoPE in float32
+and round after, sgl-jax rounds the phases to the activation dtype first
+(`RotaryEmbedding.__call__`); tunix's Qwen3-MoE routes on bfloat16 router logits and rounds the
+routing weights, sgl-jax routes in float32; tunix's Llama 3 returns bfloat16 logits, so its
+trainer divides them by a bfloat16 temperature.
 
 The larger part of the gap is neither: XLA on CPU and GPU (and TPU) may keep a fused chain of
 bfloat16 ops in float32 (`xla_allow_excess_precision`, on by default), so each program rounds
@@ -37,6 +40,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
+import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
@@ -49,6 +53,10 @@ NORM_RULES = {
     "qwen3_moe": "weight_times_normed",
     "llama": "weighted_over_rms",
 }
+# The model_types whose tunix RMS norm (`x * (1 + w)`, Gemma's) computes every step in the
+# activation dtype (`models/{gemma,gemma3}/model.py` `RMSNorm`), where sgl-jax's `GemmaRMSNorm`
+# computes in float32 and rounds once.
+GEMMA_NORM_IN_DTYPE = frozenset({"gemma2", "gemma3", "gemma3_text"})
 # The model_types whose tunix attention rounds its float32-normalised weights before the
 # value product (tunix's Gemma 2 / 3 take the softmax in the activation dtype: not aligned).
 ATTENTION_WEIGHTS_ROUNDED = frozenset({"qwen2", "qwen3", "qwen3_moe", "llama", "gemma4"})
@@ -56,12 +64,14 @@ ATTENTION_WEIGHTS_ROUNDED = frozenset({"qwen2", "qwen3", "qwen3_moe", "llama", "
 
 @dataclasses.dataclass(frozen=True)
 class TrainerRounding:
-    """What an engine rounds as the trainer does: `norm` (a `NORM_RULES` value, or None for
-    upstream's) and `attention_weights` (round normalised attention weights to the activation
-    dtype before the value product)."""
+    """What an engine rounds as the trainer does: `norm` (a `NORM_RULES` value for sgl-jax's
+    `RMSNorm`, or None for upstream's), `attention_weights` (round normalised attention weights
+    to the activation dtype before the value product) and `gemma_norm` (sgl-jax's
+    `GemmaRMSNorm` by the "unit_offset_in_dtype" rule)."""
 
     norm: str | None = None
     attention_weights: bool = False
+    gemma_norm: bool = False
 
 
 def trainer_rounding(model_type: str, setting: str) -> TrainerRounding:
@@ -73,14 +83,19 @@ def trainer_rounding(model_type: str, setting: str) -> TrainerRounding:
     return TrainerRounding(
         norm=NORM_RULES.get(model_type),
         attention_weights=model_type in ATTENTION_WEIGHTS_ROUNDED,
+        gemma_norm=model_type in GEMMA_NORM_IN_DTYPE,
     )
 
 
 def rms_norm(
     x: Float[Array, "*dims features"], weight: Float[Array, " features"], eps: float, rule: str
 ) -> Float[Array, "*dims features"]:
-    """RMS norm of `x` over its last axis, in float32, weighed by `rule` (tunix's op order),
-    returned in `x`'s dtype."""
+    """RMS norm of `x` over its last axis weighed by `rule` (tunix's op order), returned in
+    `x`'s dtype: in float32 ("weight_times_normed", "weighted_over_rms"), or every step in
+    `x`'s dtype, the weight as `1 + w` ("unit_offset_in_dtype", tunix's Gemma 2 / 3)."""
+    if rule == "unit_offset_in_dtype":
+        var = jnp.mean(jnp.square(x), axis=-1, keepdims=True)
+        return x * jax.lax.rsqrt(var + eps) * (1 + weight.astype(x.dtype))
     x32 = x.astype(jnp.float32)
     rms = jnp.sqrt(jnp.mean(x32**2, axis=-1, keepdims=True) + eps)
     if rule == "weight_times_normed":
@@ -88,7 +103,8 @@ def rms_norm(
     elif rule == "weighted_over_rms":  # the product in x's dtype, then divided in float32
         out = weight.astype(x.dtype) * x / rms
     else:
-        raise ValueError(f"rule must be one of {sorted(set(NORM_RULES.values()))}, got {rule!r}")
+        rules = sorted({*NORM_RULES.values(), "unit_offset_in_dtype"})
+        raise ValueError(f"rule must be one of {rules}, got {rule!r}")
     return out.astype(x.dtype)
 
 
@@ -106,6 +122,8 @@ def described(model_type: str, setting: str) -> str:
     parts = []
     if rounding.norm:
         parts.append(f"RMS norm as tunix's {model_type} ({rounding.norm.replace('_', ' ')})")
+    if rounding.gemma_norm:
+        parts.append(f"RMS norm as tunix's {model_type} (every step in the activation dtype)")
     if rounding.attention_weights:
         parts.append("attention weights rounded before the value product")
     ours = "; ".join(parts) or f"sgl-jax's (numerics={setting!r}, model_type {model_type!r})"

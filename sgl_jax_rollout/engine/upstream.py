@@ -142,6 +142,7 @@ FUNCTIONS: dict[str, tuple[str, ...]] = {
     ),
     "RotaryEmbedding._compute_cos_sin": ("self", "positions"),
     "RMSNorm.__call__": ("self", "x", "mask"),
+    "GemmaRMSNorm.__call__": ("self", "x", "residual"),
     "NativeAttention.__call__": (
         *("self", "q", "k", "v", "layer", "forward_batch", "token_to_kv_pool"),
     ),
@@ -272,6 +273,7 @@ ATTRIBUTES: dict[str, tuple[str, ...]] = {
     ),
     "RotaryEmbedding": ("_inv_freq_np", "rotary_dim", "base"),  # and patches/agreement.py
     "RMSNorm": ("scale", "epsilon", "dtype", "reduction_axes"),
+    "GemmaRMSNorm": ("weight", "epsilon", "add_unit_offset"),
     "ModelRegistryClass": ("models",),
 }
 

@@ -25,12 +25,15 @@ def test_check_passes_on_agreeing_weights_and_fails_rows_on_diverged_ones(tiny_d
     assert "after update_params (perturbed weights)" in printed.out and "FAIL" not in printed.out
     # each stage says itself as it starts, with the rows it sends (long work shows progress)
     stages = [line for line in printed.err.splitlines() if line.startswith("check: ")]
-    assert len(stages) == 9, stages
+    assert len(stages) == 10, stages
     # the floor: float32 trainer against itself with other padding, far below the tolerance
     floor = [line for line in printed.out.splitlines() if line.startswith("floor: ")]
     assert len(floor) == 2 and all(float(line.split()[-3]) < 1e-5 for line in floor), floor
     # which RoPE phases the engine computes is said before any row (tiny_dir is a qwen3)
     assert stages[2] == "check: RoPE phases: tunix's qwen3 model's (timescale)", stages
+    # a float32 engine is scored by a float32 trainer, and no bfloat16 rounding is said
+    assert stages[3] == "check: the trainer computes in float32, the engine in float32", stages
+    assert not any(line.startswith("check: rounding:") for line in stages), stages
     assert "check: greedy tokens against the trainer's argmax (2 prompts of 1025/" in printed.err
 
     config = check.CheckConfig(model_path=str(tiny_dir), prompt_tokens=1024, max_tokens=16)

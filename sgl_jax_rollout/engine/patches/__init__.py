@@ -258,6 +258,11 @@ instead of raising.
   is "trainer" (the default), computes in the op order of tunix's model of the checkpoint
   (`engine/numerics.py`: `w * (x / rms)` for Qwen2 / 3, `(w * x) / rms` with the product in
   bfloat16 for Llama), bit for bit tunix's norm. float32 norms stay upstream's.
+- `gemma_norm_in_dtype`: wraps `layers.layernorm.GemmaRMSNorm.__call__` (float32 throughout,
+  rounded once): under the same setting a bfloat16 `x * (1 + w)` norm of Gemma 2 / 3 computes
+  every step in bfloat16 after upstream's residual add, as tunix's Gemma 2 / 3 `RMSNorm` does
+  (`models/gemma{,3}/model.py`), bit for bit. Gemma 4's norms (tunix computes them in float32)
+  and float32 norms stay upstream's.
 - `rounded_attention_weights` (in `paged_native_attention`'s wrapper, `upstream_fixes.py`): under
   the same setting, a bfloat16 layer of Qwen2 / 3, Llama or Gemma 4 normalises its attention
   weights in float32 and rounds each to bfloat16 before the value product, as tunix's attention

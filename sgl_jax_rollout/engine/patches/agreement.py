@@ -1,7 +1,9 @@
 """Trainer agreement: where sgl-jax rounds a number another way than the trainer does
 (catalog: `patches/__init__.py`).
 
-Owns `install` for `rope_phases` and `rms_norm_order`. `rms_norm_order` wraps
+Owns `install` for `rope_phases`, `rms_norm_order` and `gemma_norm_in_dtype` (the same for
+`GemmaRMSNorm.__call__`, which computes in float32 where tunix's Gemma 2 / 3 norm computes
+every step in bfloat16, `1 + w` included). `rms_norm_order` wraps
 `RMSNorm.__call__` (`layers/layernorm.py` at cddbf6f1: `x * (rsqrt(ms + eps) * w)`): a
 bfloat16 (narrower than float32) norm of an engine whose `numerics` is "trainer" weighs its
 normalised input in tunix's op order (`numerics.rms_norm`, the rule of
@@ -31,6 +33,7 @@ from sgl_jax_rollout.engine.patches.hooks import current, wrap
 def install() -> None:
     wrap(upstream.get("RotaryEmbedding"), "_compute_cos_sin", _phases_by_rule)
     wrap(upstream.get("RMSNorm"), "__call__", _norm_by_rule)
+    wrap(upstream.get("GemmaRMSNorm"), "__call__", _gemma_norm_by_rule)
 
 
 def phase_rule(rotary: Any) -> str:
@@ -62,3 +65,18 @@ def _norm_by_rule(original, self: Any, x, mask=None):
     if rule is None or not (plain and narrow):
         return original(self, x, mask)
     return numerics.rms_norm(x, self.scale[...], self.epsilon, rule)
+
+
+def _gemma_norm_by_rule(original, self: Any, x, residual=None):
+    """gemma_norm_in_dtype: a narrow-dtype `x * (1 + w)` norm of an engine whose rounding says
+    `gemma_norm` computes every step in `x`'s dtype (tunix's Gemma 2 / 3), after upstream's
+    residual add; any other upstream's."""
+    hooks = current()
+    aligned = hooks is not None and hooks.numerics.gemma_norm and self.add_unit_offset
+    if not aligned or jnp.finfo(x.dtype).bits >= 32:
+        return original(self, x, residual)
+    if residual is not None:  # upstream's: the sum in x's dtype is the next residual
+        x = x + residual
+        residual = x
+    out = numerics.rms_norm(x, self.weight[...], self.epsilon, "unit_offset_in_dtype")
+    return out if residual is None else (out, residual)

@@ -141,16 +141,17 @@ def test_the_setting_is_refused_by_name_and_resolved_per_model_type():
 
 def test_trainer_rounding_follows_tunix_where_it_has_the_model():
     """`numerics.trainer_rounding`: tunix's norm order and rounded attention weights for its
-    Qwen and Llama models (the weights for Gemma 4 too), upstream's for Gemma 2 / 3 (their
-    softmax is in bfloat16 on tunix's side, not aligned), for models tunix lacks and under
-    numerics="sgl-jax"."""
+    Qwen and Llama models (the weights for Gemma 4 too), the norm in the activation dtype for
+    Gemma 2 / 3 (their softmax, in bfloat16 on tunix's side, not aligned), upstream's for
+    models tunix lacks and under numerics="sgl-jax"."""
     from sgl_jax_rollout.engine.numerics import TrainerRounding, trainer_rounding
 
     assert trainer_rounding("qwen3", "trainer") == TrainerRounding("weight_times_normed", True)
     assert trainer_rounding("llama", "trainer") == TrainerRounding("weighted_over_rms", True)
     assert trainer_rounding("gemma4", "trainer") == TrainerRounding(None, True)
-    for model_type in ("gemma2", "gemma3_text", "phi3"):
-        assert trainer_rounding(model_type, "trainer") == TrainerRounding()
+    for model_type in ("gemma2", "gemma3_text"):
+        assert trainer_rounding(model_type, "trainer") == TrainerRounding(gemma_norm=True)
+    assert trainer_rounding("phi3", "trainer") == TrainerRounding()
     assert trainer_rounding("qwen3", "sgl-jax") == TrainerRounding()
 
 
@@ -195,3 +196,39 @@ def test_bfloat16_rms_norms_weigh_in_the_running_engines_rule(package, rule):
     np.testing.assert_array_equal(ruled, tunix)
     assert np.sum(upstreams != tunix) >= 1  # the rounding the rule removes (rare per element)
     np.testing.assert_array_equal(f32_ruled, np.asarray(f32(x.astype(jnp.float32))))
+
+
+@pytest.mark.parametrize("package", ["gemma", "gemma3"])
+def test_bfloat16_gemma_norms_compute_in_bfloat16_as_tunix_does(package):
+    """`gemma_norm_in_dtype`: sgl-jax's GemmaRMSNorm in bfloat16 gives tunix's Gemma 2 / 3
+    norm bit for bit with the engine's rounding (its residual add kept), its float32 one (many
+    elements apart) without."""
+    from flax import nnx
+
+    from sgl_jax_rollout import tunix_compat
+    from sgl_jax_rollout.engine import patches, upstream
+    from sgl_jax_rollout.engine.collector import Collector
+    from sgl_jax_rollout.engine.numerics import TrainerRounding
+
+    rng = np.random.default_rng(1)
+    x = jnp.asarray(rng.normal(0, 3, size=(256, 640)), jnp.bfloat16)
+    residual = jnp.asarray(rng.normal(0, 3, size=(256, 640)), jnp.bfloat16)
+    weight = jnp.asarray(rng.normal(0, 0.5, size=640), jnp.bfloat16)
+    tunix = tunix_compat.model_module(package, "model").RMSNorm(640, rngs=nnx.Rngs(0))
+    tunix.scale.value = weight
+    want = np.asarray(tunix(x + residual).astype(jnp.float32))
+    norm = upstream.get("GemmaRMSNorm")(640, epsilon=1e-6)
+    norm.weight.value = weight.astype(jnp.float32)  # sgl-jax keeps it in float32
+    patches.apply()
+    hooks = patches.EngineHooks(
+        collector=Collector(), valid_vocab_size=None, numerics=TrainerRounding(gemma_norm=True)
+    )
+    patches.activate(hooks, 0.0)
+    try:
+        out, summed = norm(x, residual)
+    finally:
+        patches.deactivate(hooks)
+    np.testing.assert_array_equal(np.asarray(out.astype(jnp.float32)), want)
+    np.testing.assert_array_equal(np.asarray(summed), np.asarray(x + residual))
+    theirs, _ = norm(x, residual)
+    assert np.mean(np.asarray(theirs.astype(jnp.float32)) != want) > 0.05
