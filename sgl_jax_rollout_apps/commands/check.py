@@ -77,7 +77,8 @@ def add_parser(sub: argparse._SubParsersAction, presets: str) -> None:
         choices=["trainer", "sgl-jax"],
         default=None,
         help="how a bfloat16 engine rounds its norms and attention weights: trainer, as "
-        "tunix's model of the checkpoint does (Qwen, Llama; Gemma 4's attention), or sgl-jax, "
+        "tunix's model of the checkpoint does (Qwen, Llama; Gemma 2 / 3's norms; Gemma 4's "
+        "attention), or sgl-jax, "
         "upstream's (default: trainer)",
     )
     chk.add_argument(
