@@ -57,6 +57,7 @@ NORM_RULES = {
 # activation dtype (`models/{gemma,gemma3}/model.py` `RMSNorm`), where sgl-jax's `GemmaRMSNorm`
 # computes in float32 and rounds once.
 GEMMA_NORM_IN_DTYPE = frozenset({"gemma2", "gemma3", "gemma3_text"})
+GEMMA_NORM_RULE = "unit_offset_in_dtype"  # `rms_norm`'s rule for them
 # The model_types whose tunix attention rounds its float32-normalised weights before the
 # value product (tunix's Gemma 2 / 3 take the softmax in the activation dtype: not aligned).
 ATTENTION_WEIGHTS_ROUNDED = frozenset({"qwen2", "qwen3", "qwen3_moe", "llama", "gemma4"})
@@ -93,7 +94,7 @@ def rms_norm(
     """RMS norm of `x` over its last axis weighed by `rule` (tunix's op order), returned in
     `x`'s dtype: in float32 ("weight_times_normed", "weighted_over_rms"), or every step in
     `x`'s dtype, the weight as `1 + w` ("unit_offset_in_dtype", tunix's Gemma 2 / 3)."""
-    if rule == "unit_offset_in_dtype":
+    if rule == GEMMA_NORM_RULE:
         var = jnp.mean(jnp.square(x), axis=-1, keepdims=True)
         return x * jax.lax.rsqrt(var + eps) * (1 + weight.astype(x.dtype))
     x32 = x.astype(jnp.float32)
@@ -103,7 +104,7 @@ def rms_norm(
     elif rule == "weighted_over_rms":  # the product in x's dtype, then divided in float32
         out = weight.astype(x.dtype) * x / rms
     else:
-        rules = sorted({*NORM_RULES.values(), "unit_offset_in_dtype"})
+        rules = sorted({*NORM_RULES.values(), GEMMA_NORM_RULE})
         raise ValueError(f"rule must be one of {rules}, got {rule!r}")
     return out.astype(x.dtype)
 

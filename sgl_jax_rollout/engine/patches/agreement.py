@@ -78,5 +78,5 @@ def _gemma_norm_by_rule(original, self: Any, x, residual=None):
     if residual is not None:  # upstream's: the sum in x's dtype is the next residual
         x = x + residual
         residual = x
-    out = numerics.rms_norm(x, self.weight[...], self.epsilon, "unit_offset_in_dtype")
+    out = numerics.rms_norm(x, self.weight[...], self.epsilon, numerics.GEMMA_NORM_RULE)
     return out if residual is None else (out, residual)
