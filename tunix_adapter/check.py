@@ -82,6 +82,7 @@ __all__ = [
     "SENTENCE",
     "CheckConfig",
     "Verdict",
+    "build",
     "lora_update_error",
     "pad_in_prompts",
     "perturbed",
@@ -100,7 +101,7 @@ def run(config: CheckConfig, progress: Callable[[str], None] | None = None) -> l
     say = progress or (lambda line: None)
     started = time.perf_counter()
     say(f"loading the trainer model and starting the engine for {config.model_path}")
-    trainer, rollout, lora = _build(config)
+    trainer, rollout, lora = build(config)
     say(f"ready after {time.perf_counter() - started:.0f} s")
     engine = rollout.engine
     say(f"RoPE phases: {rope_phases.described(engine.model_type, engine.settings.rope_phases)}")
@@ -114,8 +115,9 @@ def run(config: CheckConfig, progress: Callable[[str], None] | None = None) -> l
         rollout.shutdown()
 
 
-def _build(config: CheckConfig):
-    """(trainer, rollout, lora spec or None) on the preset's meshes, or one device."""
+def build(config: CheckConfig):
+    """(trainer, rollout, lora spec or None) on the preset's meshes, or one device: the pair
+    `run` checks (also `bench lora`'s)."""
     import jax
     import jax.numpy as jnp
     from flax import nnx

@@ -100,7 +100,7 @@ def fix_rope() -> None:
         params = list(inspect.signature(getattr(rope, "__wrapped__", rope)).parameters)
         if params[:4] != ["inputs", "positions", "head_dim", "rope_theta"]:
             raise RuntimeError(f"tunix.models.{package}.model.apply_rope changed: {params}")
-        model_lib.apply_rope = _checkpoint_rope(rope)
+        model_lib.apply_rope = _checkpoint_rope(rope, round_phases=package == "qwen3")
         attention.block = _with_config_rope(attention.block)
 
 
@@ -119,7 +119,11 @@ def _with_config_rope(block):
     return patched
 
 
-def _checkpoint_rope(original):
+def _checkpoint_rope(original, round_phases: bool):
+    """`original` (`package`'s `apply_rope`) with the checkpoint's theta and scaling; the
+    scaled rotation rounds cos and sin to the activation dtype first where the package's own
+    does (`round_phases`: qwen3's), else keeps them float32 and rounds once (llama3's)."""
+
     @functools.wraps(original)
     def apply_rope(inputs, positions, head_dim, rope_theta=None):
         current = _ROPE.get()
@@ -133,8 +137,9 @@ def _checkpoint_rope(original):
         # tunix's rotation (half split, positions / timescale), with HF's llama3 frequencies.
         timescale = jnp.asarray(1.0 / inverse_frequencies(head_dim, theta, scaling), jnp.float32)
         angles = (positions[..., None] / timescale[None, None, :])[..., None, :]
-        sin = jnp.sin(angles).astype(inputs.dtype)
-        cos = jnp.cos(angles).astype(inputs.dtype)
+        sin, cos = jnp.sin(angles), jnp.cos(angles)
+        if round_phases:
+            sin, cos = sin.astype(inputs.dtype), cos.astype(inputs.dtype)
         first, second = jnp.split(inputs, 2, axis=-1)
         out = jnp.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)
         return out.astype(inputs.dtype)

@@ -39,12 +39,14 @@ def paged_native_attention(
     forward_batch: Any,
     pool: Any,
     round_weights: bool = False,
+    softmax_in_dtype: bool = False,
     **kwargs: Any,
 ) -> tuple[jax.Array, jax.Array]:
     """`NativeAttention.__call__` on the paged attention: the layer's output `[tokens,
     heads * head_dim]` and its updated fused KV buffer. `round_weights`: a narrower-than-float32
     model's attention weights are normalised, then rounded to its dtype before the value
-    product (`ScoreOptions.round_weights`)."""
+    product (`ScoreOptions.round_weights`); `softmax_in_dtype`: its softmax computed in its
+    dtype step by step (`ScoreOptions.softmax_in`)."""
     forward_mode = upstream.get("ForwardMode")
     mode = forward_batch.forward_mode
     decode = mode == forward_mode.DECODE
@@ -67,13 +69,15 @@ def paged_native_attention(
             )
         out_loc, cache_loc = window_slots(pool, out_loc), window_slots(pool, cache_loc)
     fused = pool.get_fused_kv_buffer(layer.layer_id)
+    narrow = jnp.finfo(q.dtype).bits < 32
     options = paged_attention.ScoreOptions(
         scale=scale,
         logit_cap=getattr(layer, "logit_cap", None) or None,
         window=layer.sliding_window_size,
         softmax_dtype=layer.softmax_dtype,
         temperature_len=getattr(layer, "xai_temperature_len", None),
-        round_weights=q.dtype if round_weights and jnp.finfo(q.dtype).bits < 32 else None,
+        round_weights=q.dtype if round_weights and narrow else None,
+        softmax_in=q.dtype if softmax_in_dtype and narrow else None,
     )
     zeros = jnp.zeros_like(forward_batch.seq_lens)
     return _layer(

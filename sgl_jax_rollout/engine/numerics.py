@@ -8,7 +8,8 @@ Nothing here imports sgl-jax or this project.
 
 Read op by op against sgl-project/sglang-jax cddbf6f1 (`layers/layernorm.py`,
 `layers/embeddings.py`, `layers/attention/native_backend.py`) and google-tunix 0.1.7 / main
-c7d8950f (`models/{qwen2,qwen3,llama3,gemma,gemma3,gemma4}/model.py`). Aligned here:
+c7d8950f (`models/{qwen2,qwen3,llama3,gemma,gemma3,gemma4}/model.py`), and `layers/gate.py`,
+`layers/moe.py`. Aligned here:
 - RMS norm: tunix's Qwen multiplies the weight by `x / rms` in float32 (`w * (x / rms)`), its
   Llama 3 divides the weighted `x`, a product in the activation dtype (`(w * x) / rms`),
   sgl-jax multiplies `x` by `rsqrt(ms + eps) * w` in float32:
@@ -18,13 +19,18 @@ c7d8950f (`models/{qwen2,qwen3,llama3,gemma,gemma3,gemma4}/model.py`). Aligned h
 - attention weights: tunix normalises the softmax in float32 and rounds each weight to the
   activation dtype before the value product (`softmax(...).astype(dtype)`); sgl-jax (and
   `engine/paged_attention.py` by default) keeps them unnormalised in float32 and divides the
-  sum once.
-Not aligned (upstream's rounding serves them under both settings): tunix's Gemma 2 / 3 take
-the softmax itself in the activation dtype; tunix's Llama 3 and Gemma apply RoPE in float32
-and round after, sgl-jax rounds the phases to the activation dtype first
-(`RotaryEmbedding.__call__`); tunix's Qwen3-MoE routes on bfloat16 router logits and rounds the
-routing weights, sgl-jax routes in float32; tunix's Llama 3 returns bfloat16 logits, so its
-trainer divides them by a bfloat16 temperature.
+  sum once. tunix's Gemma 2 / 3 take the softmax itself in the activation dtype
+  (`jax.nn.softmax` on bfloat16 scores: the max, `exp(s - max)`, the sum accumulated in
+  float32 then rounded, each division rounded; `SOFTMAX_IN_DTYPE`);
+- router: tunix's Qwen3-MoE takes its router logits in the activation dtype, softmax and
+  top-k renormalisation in float32, and rounds the routing weights to the activation dtype
+  before they weigh the experts; sgl-jax takes the logits as a float32 product and weighs in
+  float32 (`ROUTER_IN_DTYPE`; sgl-jax's CPU / GPU experts, not the fused TPU kernel);
+- RoPE: tunix's Llama 3 and Gemma 2 / 3 rotate in float32 by float32 cos and sin and round
+  once, sgl-jax rounds cos and sin to the activation dtype first (`RotaryEmbedding.__call__`;
+  `ROPE_IN_FLOAT32`; tunix's Qwen2 / 3 and Gemma 4 round them too, as sgl-jax does).
+Not aligned (upstream's rounding serves it under both settings): tunix's Llama 3 returns
+bfloat16 logits, so its trainer divides them by a bfloat16 temperature.
 
 The larger part of the gap is neither: XLA on CPU and GPU (and TPU) may keep a fused chain of
 bfloat16 ops in float32 (`xla_allow_excess_precision`, on by default), so each program rounds
@@ -59,20 +65,35 @@ NORM_RULES = {
 GEMMA_NORM_IN_DTYPE = frozenset({"gemma2", "gemma3", "gemma3_text"})
 GEMMA_NORM_RULE = "unit_offset_in_dtype"  # `rms_norm`'s rule for them
 # The model_types whose tunix attention rounds its float32-normalised weights before the
-# value product (tunix's Gemma 2 / 3 take the softmax in the activation dtype: not aligned).
+# value product.
 ATTENTION_WEIGHTS_ROUNDED = frozenset({"qwen2", "qwen3", "qwen3_moe", "llama", "gemma4"})
+# The model_types whose tunix attention takes the whole softmax in the activation dtype
+# (`models/{gemma,gemma3}/model.py`: `jax.nn.softmax(padded_logits)` on bfloat16 logits).
+SOFTMAX_IN_DTYPE = frozenset({"gemma2", "gemma3", "gemma3_text"})
+# The model_types whose tunix router rounds its logits and routing weights to the activation
+# dtype (`models/qwen3/model.py` `MoELayer.__call__`).
+ROUTER_IN_DTYPE = frozenset({"qwen3_moe"})
+# The model_types whose tunix RoPE rotates in float32 and rounds once (`models/{llama3,gemma,
+# gemma3}/model.py` `apply_rope`: cos and sin kept float32).
+ROPE_IN_FLOAT32 = frozenset({"llama", "gemma2", "gemma3", "gemma3_text"})
 
 
 @dataclasses.dataclass(frozen=True)
 class TrainerRounding:
     """What an engine rounds as the trainer does: `norm` (a `NORM_RULES` value for sgl-jax's
     `RMSNorm`, or None for upstream's), `attention_weights` (round normalised attention weights
-    to the activation dtype before the value product) and `gemma_norm` (sgl-jax's
-    `GemmaRMSNorm` by the "unit_offset_in_dtype" rule)."""
+    to the activation dtype before the value product), `softmax_in_dtype` (the attention's
+    whole softmax in the activation dtype), `gemma_norm` (sgl-jax's `GemmaRMSNorm` by the
+    "unit_offset_in_dtype" rule), `router_in_dtype` (a MoE's router logits and routing
+    weights rounded to the activation dtype) and `rope_in_float32` (the rotation in float32,
+    rounded once)."""
 
     norm: str | None = None
     attention_weights: bool = False
+    softmax_in_dtype: bool = False
     gemma_norm: bool = False
+    router_in_dtype: bool = False
+    rope_in_float32: bool = False
 
 
 def trainer_rounding(model_type: str, setting: str) -> TrainerRounding:
@@ -84,7 +105,10 @@ def trainer_rounding(model_type: str, setting: str) -> TrainerRounding:
     return TrainerRounding(
         norm=NORM_RULES.get(model_type),
         attention_weights=model_type in ATTENTION_WEIGHTS_ROUNDED,
+        softmax_in_dtype=model_type in SOFTMAX_IN_DTYPE,
         gemma_norm=model_type in GEMMA_NORM_IN_DTYPE,
+        router_in_dtype=model_type in ROUTER_IN_DTYPE,
+        rope_in_float32=model_type in ROPE_IN_FLOAT32,
     )
 
 
@@ -127,6 +151,12 @@ def described(model_type: str, setting: str) -> str:
         parts.append(f"RMS norm as tunix's {model_type} (every step in the activation dtype)")
     if rounding.attention_weights:
         parts.append("attention weights rounded before the value product")
+    if rounding.softmax_in_dtype:
+        parts.append("attention softmax in the activation dtype")
+    if rounding.router_in_dtype:
+        parts.append("router logits and routing weights in the activation dtype")
+    if rounding.rope_in_float32:
+        parts.append("RoPE rotation in float32")
     ours = "; ".join(parts) or f"sgl-jax's (numerics={setting!r}, model_type {model_type!r})"
     xla = "on (each program rounds where its fusions end)" if excess_precision() else "off"
     return f"{ours}; XLA excess precision {xla}"

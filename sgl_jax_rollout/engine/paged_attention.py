@@ -47,6 +47,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
+from sgl_jax_rollout.engine import chunked_softmax
+
 # Keys read per step of the loop over a request's slots.
 KEY_CHUNK = 32
 # Query blocks of an extend that loop over their keys together (`_attend_in_groups`).
@@ -61,7 +63,11 @@ class ScoreOptions:
     `round_weights` (default None: upstream's, the weights kept unnormalised in float32 and
     the sum divided once at the end): the dtype each weight is rounded to once normalised,
     before the value product, as tunix's models round theirs (`softmax(...).astype(dtype)`);
-    it costs a second pass over the keys."""
+    it costs a second pass over the keys. `softmax_in` (default None): the dtype the whole
+    softmax is computed in, each step rounded to it as `jax.nn.softmax` on scores of that dtype
+    computes (tunix's Gemma 2 / 3): the scores' max, `exp(score - max)`, their sum (accumulated
+    in float32, then rounded) and each weight's division, the weights then multiplying the
+    values; it costs three passes over the keys (the max, the sum, the values)."""
 
     scale: float
     logit_cap: float | None = None
@@ -69,6 +75,7 @@ class ScoreOptions:
     softmax_dtype: Any = None
     temperature_len: float | None = None
     round_weights: Any = None
+    softmax_in: Any = None
 
 
 def request_offsets(seq_lens: Int[Array, " reqs"], page_size: int) -> Int[Array, " reqs"]:
@@ -311,47 +318,18 @@ def _attend_own_slots(
             scores = scores * temperature[:, None, None, :, None]
         if options.softmax_dtype is not None:
             scores = scores.astype(options.softmax_dtype)
+        if options.softmax_in is not None:
+            scores = scores.astype(options.softmax_in)
         seen = seen[:, None, None]
         return jnp.where(seen, scores.astype(stat), neg), seen, v
 
-    def step(i, carry):
-        top, total, acc = carry
-        scores, seen, v = chunk_scores(i)
-        new_top = jnp.maximum(top, jnp.max(scores, axis=-1, keepdims=True))
-        exp = jnp.where(seen, jnp.exp(scores - new_top), 0.0)
-        rescale = jnp.exp(top - new_top)
-        total = total * rescale + jnp.sum(exp, -1, keepdims=True)
-        if options.round_weights is not None:  # the values come in the second pass
-            return new_top, total, acc
-        weights = exp.astype(v.dtype) if options.softmax_dtype is not None else exp
-        part = jnp.einsum("nkgbc,nckd->nkgbd", weights, v, preferred_element_type=stat)
-        return new_top, total, acc * rescale + part
-
     shape = (blocks, kv_heads, group, size)
     loop = (keys_start // chunk, (keys_end + chunk - 1) // chunk)
-    top, total, acc = jax.lax.fori_loop(
-        *loop,
-        step,
-        (
-            jnp.full((*shape, 1), neg, stat),
-            jnp.zeros((*shape, 1), stat),
-            jnp.zeros((*shape, head_dim), stat),
-        ),
-    )
-    if sink is not None:
-        total = total + jnp.exp(sink.reshape(1, kv_heads, group, 1, 1).astype(stat) - top)
-    total = jnp.where(total > 0, total, 1.0)
-    if options.round_weights is None:
-        out = acc / total
-    else:  # a second pass: each weight normalised, then rounded, before the value product
-
-        def weighted(i, acc):
-            scores, seen, v = chunk_scores(i)
-            weights = jnp.where(seen, jnp.exp(scores - top) / total, 0.0)
-            weights = weights.astype(options.round_weights)
-            return acc + jnp.einsum("nkgbc,nckd->nkgbd", weights, v, preferred_element_type=stat)
-
-        out = jax.lax.fori_loop(*loop, weighted, jnp.zeros((*shape, head_dim), stat))
+    keys = chunked_softmax.Keys(chunk_scores, loop, shape, head_dim, stat, sink)
+    if options.softmax_in is not None:
+        out = chunked_softmax.softmax_in_dtype(keys, options.softmax_in)
+    else:
+        out = chunked_softmax.online_softmax(keys, options)
     return jnp.moveaxis(out, 3, 1).reshape(blocks, size, heads, head_dim).astype(q.dtype)
 
 

@@ -1,9 +1,8 @@
 """The one seam to sgl-jax: every upstream name we call, read or wrap, resolved and checked here.
 
-Checked against sgl-project/sglang-jax commit `availability.PINNED_COMMIT` (cddbf6f1),
-`python/sgl_jax/srt/`, the file of each name given below. No other module of this project
-imports `sgl_jax`: they ask `get(name)` for a symbol and `module(path)` for a module whose
-globals a patch replaces (tests/test_layout.py enforces it).
+Checked against sgl-project/sglang-jax `availability.PINNED_COMMIT` (cddbf6f1), each name's
+file below (under `python/sgl_jax/srt/`). No other module imports `sgl_jax`: they ask `get(name)`
+for a symbol, `module(path)` for a module a patch edits (tests/test_layout.py enforces it).
 
 `check()` runs at engine start (`patches.apply`, before the engine is built) and raises one
 RuntimeError naming everything that moved: a symbol that is gone, a wrapped or called
@@ -12,7 +11,6 @@ on an upstream object (looked up on the class and in the assignments of its sour
 MRO: instance attributes exist only once built), a keyword `EngineSettings.server_args` passes
 that `ServerArgs` lacks, and the pytree layouts our subclasses extend. A release of sgl-jax is
 then a diff of this file, and a moved attribute fails at start with its name, never mid-run.
-
 Must not import the trainer side or tunix.
 """
 
@@ -75,8 +73,7 @@ SYMBOLS: dict[str, tuple[str, str]] = {
     "TOP_K_ALL": ("sampling.sampling_params", "TOP_K_ALL"),
     "forward_attention": ("layers.attention.native_backend", "forward_attention"),
     "merge_kv": ("mem_cache.memory_pool", "merge_kv"),
-    # patches/upstream_fixes.py experts_matmul_off_tpu: the MoE layer's grouped matmul
-    "gmm": ("layers.moe", "gmm"),
+    "gmm": ("layers.moe", "gmm"),  # patches/upstream_fixes.py experts_matmul_off_tpu
     "is_tpu_runtime": ("kernels.gmm.megablox_gmm_backend", "is_tpu_runtime"),
     "get_global_experts_capturer": (
         "layers.routed_experts_capturer",
@@ -84,18 +81,19 @@ SYMBOLS: dict[str, tuple[str, str]] = {
     ),
     "get_target_module_name": ("lora.utils", "get_target_module_name"),
     "get_available_device_memory": ("utils.jax_utils", "get_available_device_memory"),
-    # engine/models/ (models sgl-jax lacks, built from its own layers) and their registry
-    "ModelRegistry": ("models.registry", "ModelRegistry"),
+    "ModelRegistry": ("models.registry", "ModelRegistry"),  # engine/models/ (ours) join it
     "ModelRegistryClass": ("models.registry", "_ModelRegistry"),
     "Gemma2ForCausalLM": ("models.gemma2", "Gemma2ForCausalLM"),
     "Gemma2Model": ("models.gemma2", "Gemma2Model"),
     "Gemma2DecoderLayer": ("models.gemma2", "Gemma2DecoderLayer"),
     "Gemma2MLP": ("models.gemma2", "Gemma2MLP"),
     "GemmaRMSNorm": ("layers.layernorm", "GemmaRMSNorm"),
+    "GateLogit": ("layers.gate", "GateLogit"),  # and EPMoE: patches/agreement.py router_in_dtype
+    "EPMoE": ("layers.moe", "EPMoE"),
     "RMSNorm": ("layers.layernorm", "RMSNorm"),  # patches/agreement.py rms_norm_order
     "RotaryEmbedding": ("layers.embeddings", "RotaryEmbedding"),
-    # the models' rotary embeddings, cached per process (patches/agreement.py: its rule must
-    # not be stored on them; tests build one through it)
+    "apply_rotary_emb": ("layers.embeddings", "apply_rotary_emb"),  # patches/agreement.py
+    # rotary embeddings, cached per process (patches/agreement.py: no rule stored on them)
     "get_rope": ("layers.embeddings", "get_rope"),
     "Embed": ("layers.embeddings", "Embed"),
     "LogitsProcessor": ("layers.logits_processor", "LogitsProcessor"),
@@ -141,8 +139,12 @@ FUNCTIONS: dict[str, tuple[str, ...]] = {
         "scaling_factor",
     ),
     "RotaryEmbedding._compute_cos_sin": ("self", "positions"),
+    "RotaryEmbedding.__call__": ("self", "positions", "query", "key"),
+    "apply_rotary_emb": ("x", "cos", "sin", "is_neox_style"),
     "RMSNorm.__call__": ("self", "x", "mask"),
     "GemmaRMSNorm.__call__": ("self", "x", "residual"),
+    "GateLogit.__call__": ("self", "hidden_states"),
+    "EPMoE.__call__": ("self", "hidden_states", "topk_weights", "topk_ids"),
     "NativeAttention.__call__": (
         *("self", "q", "k", "v", "layer", "forward_batch", "token_to_kv_pool"),
     ),
@@ -271,9 +273,10 @@ ATTRIBUTES: dict[str, tuple[str, ...]] = {
         *("layer_id", "self_attn", "mlp", "input_layernorm", "post_attention_layernorm"),
         *("pre_feedforward_layernorm", "post_feedforward_layernorm"),
     ),
-    "RotaryEmbedding": ("_inv_freq_np", "rotary_dim", "base"),  # and patches/agreement.py
+    "RotaryEmbedding": ("_inv_freq_np", "rotary_dim", "base", "head_size", "is_neox_style"),
     "RMSNorm": ("scale", "epsilon", "dtype", "reduction_axes"),
     "GemmaRMSNorm": ("weight", "epsilon", "add_unit_offset"),
+    "GateLogit": ("kernel", "bias", "score_func"),
     "ModelRegistryClass": ("models",),
 }
 

@@ -30,6 +30,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             "attention",
             "concurrency",
             "agentic",
+            "lora",
         ],
         help="sampler: ms per sampling step; rollout: tokens/s of the rollouts; weights: "
         "update_params vs device_put; soak: many mixed requests, every completion checked "
@@ -52,7 +53,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "calls take over 1.3x the one call, or any seeded completion differs); agentic: "
         "tunix's AgenticGRPOLearner steps with our rollout vs VanillaRollout, off_policy_steps "
         "0 and 1, on the built-in and the Qwen3-0.6B-sized model (exit 1 if ours is under 2x "
-        "vanilla's steps/s there, or slower with off_policy_steps 1 than 0)",
+        "vanilla's steps/s there, or slower with off_policy_steps 1 than 0); lora: a bfloat16 "
+        "engine's logprob move after 1 / 10 / 100 Adam steps on LoRA adapters against the "
+        "bfloat16 trainer's (exit 1 if they correlate under 0.8 after 10)",
     )
     bench.add_argument("--json", action="store_true", help="print compact JSON on one line")
     bench.add_argument(
@@ -87,7 +90,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--model-path",
         default=None,
         help="rollout / weights / soak / memory / replay / tail / start / attention / "
-        "concurrency / agentic: HF model "
+        "concurrency / agentic / lora: HF model "
         "dir (default: tiny model; replay: the Qwen3-MoE replica in bfloat16; start: the real "
         "checkpoint, SmolLM2-135M-Instruct; attention: both the built-in model and that one)",
     )
@@ -124,6 +127,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="soak: generate + update_params cycles measured for memory growth, >= 1; "
         "memory: release / resume / generate cycles (default: soak 50, memory 20)",
+    )
+    bench.add_argument(
+        "--numerics",
+        choices=["trainer", "sgl-jax"],
+        default="trainer",
+        help="lora: how the bfloat16 engine rounds, EngineSettings.numerics (default: trainer)",
     )
     bench.add_argument("--seed", type=int, default=0, help="soak: prompts, mix and sampling")
     bench.add_argument(
@@ -211,6 +220,10 @@ def _bench(args: argparse.Namespace) -> int:
         result = agentic_bench.run(
             model_dir=args.model_path, steps=args.steps, real_size_layers=args.real_size_layers
         )
+    elif args.target == "lora":
+        from sgl_jax_rollout_apps.bench import lora_bench
+
+        result = lora_bench.run(model_dir=args.model_path, numerics=args.numerics)
     elif args.target == "tail":
         from sgl_jax_rollout_apps.bench import tail
 

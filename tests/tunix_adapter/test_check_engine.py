@@ -37,7 +37,7 @@ def test_check_passes_on_agreeing_weights_and_fails_rows_on_diverged_ones(tiny_d
     assert "check: greedy tokens against the trainer's argmax (2 prompts of 1025/" in printed.err
 
     config = check.CheckConfig(model_path=str(tiny_dir), prompt_tokens=1024, max_tokens=16)
-    trainer, rollout, _ = check._build(config)
+    trainer, rollout, _ = check.build(config)
     try:
         # The engine serves other weights than the trainer holds: what a missed sync looks like.
         state = nnx.state(trainer, nnx.Param)

@@ -268,10 +268,22 @@ instead of raising.
   weights in float32 and rounds each to bfloat16 before the value product, as tunix's attention
   does (`softmax(...).astype(dtype)`; `ScoreOptions.round_weights`), where upstream's
   and the paged attention's online softmax keep them unnormalised in float32 and divide once:
-  a second pass over the keys. The TPU kernel and the "upstream" native attention are not
+  a second pass over the keys. Gemma 2 / 3 layers instead take the whole softmax in
+  bfloat16 as tunix's do (`jax.nn.softmax` on bfloat16 scores; `ScoreOptions.softmax_in`):
+  three passes over the keys. The TPU kernel and the "upstream" native attention are not
   changed. On a bfloat16 Qwen3-0.6B replica the two patches together took the engine's mean
   logprob gap to tunix's bfloat16 trainer from 0.0119 to 0.0007 with XLA's excess precision
   off (`numerics.py`), from 0.0149 to 0.0102 with it on.
+- `router_in_dtype` (`patches/agreement.py`): wraps `layers.gate.GateLogit.__call__` (router
+  logits a float32 product, softmax in float32) and `layers.moe.EPMoE.__call__` (experts
+  weighed in float32): under the same setting a bfloat16 Qwen3-MoE takes its router logits in
+  bfloat16 before the float32 softmax, and rounds its routing weights to bfloat16 before they
+  weigh the experts' outputs, as tunix's `MoELayer` does (`models/qwen3/model.py`), bit for
+  bit. The fused TPU experts (`FusedEPMoE`) are not changed.
+- `rope_in_float32` (`patches/agreement.py`): wraps `layers.embeddings.RotaryEmbedding.__call__`
+  (cos and sin rounded to the activation dtype, then the rotation): under the same setting a
+  bfloat16 Llama or Gemma 2 / 3 rotates query and key in float32 by float32 cos and sin and
+  rounds once, as tunix's `apply_rope` of those models does, bit for bit.
 
 ## Models (`models.py`): architectures sgl-jax lacks, registered
 

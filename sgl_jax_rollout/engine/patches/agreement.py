@@ -1,9 +1,15 @@
 """Trainer agreement: where sgl-jax rounds a number another way than the trainer does
 (catalog: `patches/__init__.py`).
 
-Owns `install` for `rope_phases`, `rms_norm_order` and `gemma_norm_in_dtype` (the same for
+Owns `install` for `rope_phases`, `rms_norm_order`, `gemma_norm_in_dtype` (the same for
 `GemmaRMSNorm.__call__`, which computes in float32 where tunix's Gemma 2 / 3 norm computes
-every step in bfloat16, `1 + w` included). `rms_norm_order` wraps
+every step in bfloat16, `1 + w` included) and `router_in_dtype` (`GateLogit.__call__`, whose
+router logits are a float32 product where tunix's Qwen3-MoE rounds them to bfloat16 before
+its float32 softmax, and `EPMoE.__call__`, which weighs the experts' outputs by float32
+routing weights where tunix rounds them to bfloat16 first) and `rope_in_float32`
+(`RotaryEmbedding.__call__`, which rounds cos and sin to the activation dtype before the
+rotation, where tunix's Llama 3 and Gemma 2 / 3 rotate in float32 and round once).
+`rms_norm_order` wraps
 `RMSNorm.__call__` (`layers/layernorm.py` at cddbf6f1: `x * (rsqrt(ms + eps) * w)`): a
 bfloat16 (narrower than float32) norm of an engine whose `numerics` is "trainer" weighs its
 normalised input in tunix's op order (`numerics.rms_norm`, the rule of
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 
 from sgl_jax_rollout.engine import numerics, rope_phases, upstream
@@ -34,6 +41,9 @@ def install() -> None:
     wrap(upstream.get("RotaryEmbedding"), "_compute_cos_sin", _phases_by_rule)
     wrap(upstream.get("RMSNorm"), "__call__", _norm_by_rule)
     wrap(upstream.get("GemmaRMSNorm"), "__call__", _gemma_norm_by_rule)
+    wrap(upstream.get("GateLogit"), "__call__", _router_logits_by_rule)
+    wrap(upstream.get("EPMoE"), "__call__", _experts_by_rule)
+    wrap(upstream.get("RotaryEmbedding"), "__call__", _rope_by_rule)
 
 
 def phase_rule(rotary: Any) -> str:
@@ -80,3 +90,49 @@ def _gemma_norm_by_rule(original, self: Any, x, residual=None):
         residual = x
     out = numerics.rms_norm(x, self.weight[...], self.epsilon, numerics.GEMMA_NORM_RULE)
     return out if residual is None else (out, residual)
+
+
+def _router_in_dtype(x) -> bool:
+    hooks = current()
+    return hooks is not None and hooks.numerics.router_in_dtype and jnp.finfo(x.dtype).bits < 32
+
+
+def _router_logits_by_rule(original, self: Any, hidden_states):
+    """router_in_dtype: a softmax router of a narrow-dtype engine whose rounding says
+    `router_in_dtype` takes its logits in the activation dtype, then the softmax in float32
+    (tunix's Qwen3-MoE: `nnx.Linear(dtype=bfloat16)`, `.astype(float32)`, `softmax`); any
+    other upstream's."""
+    if self.score_func != "softmax" or self.bias is not None or not _router_in_dtype(hidden_states):
+        return original(self, hidden_states)
+    logits = jnp.dot(hidden_states, self.kernel[...].astype(hidden_states.dtype))
+    return jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+
+
+def _experts_by_rule(original, self: Any, hidden_states, topk_weights, topk_ids, **kwargs):
+    """router_in_dtype: the routing weights rounded to the activation dtype before they weigh
+    the experts' outputs (tunix's `routing_weights.astype(self.dtype)`)."""
+    if _router_in_dtype(hidden_states):
+        topk_weights = topk_weights.astype(hidden_states.dtype).astype(topk_weights.dtype)
+    return original(self, hidden_states, topk_weights, topk_ids, **kwargs)
+
+
+def _rope_by_rule(original, self: Any, positions, query, key):
+    """rope_in_float32: a narrow-dtype engine whose rounding says `rope_in_float32` rotates
+    query and key in float32 by the float32 cos and sin (its phases by `rope_phases`) and
+    rounds the result once, as tunix's Llama 3 and Gemma 2 / 3 `apply_rope` do; any other
+    upstream's (cos and sin rounded first)."""
+    hooks = current()
+    aligned = hooks is not None and hooks.numerics.rope_in_float32
+    if not aligned or jnp.finfo(query.dtype).bits >= 32:
+        return original(self, positions, query, key)
+    positions = positions.flatten()
+    cos, sin = self._compute_cos_sin(positions)
+    rotate = upstream.get("apply_rotary_emb")
+
+    def rotated(x):
+        heads = x.reshape(positions.shape[0], -1, self.head_size)
+        part = heads[..., : self.rotary_dim].astype(jnp.float32)
+        turned = rotate(part, cos, sin, self.is_neox_style).astype(x.dtype)
+        return jnp.concatenate((turned, heads[..., self.rotary_dim :]), axis=-1).reshape(x.shape)
+
+    return rotated(query), rotated(key)

@@ -72,9 +72,13 @@ def _native_attention(original, self, q, k, v, layer, forward_batch, token_to_kv
     CPU attention."""
     if getattr(self, "paged", False):
         args = (self, q, k, v, layer, forward_batch, token_to_kv_pool)
-        hooks = current()
-        rounded = hooks is not None and hooks.numerics.attention_weights
-        return paged_native_attention(*args, round_weights=rounded, **kwargs)
+        numerics = getattr(current(), "numerics", None)
+        return paged_native_attention(
+            *args,
+            round_weights=bool(numerics and numerics.attention_weights),
+            softmax_in_dtype=bool(numerics and numerics.softmax_in_dtype),
+            **kwargs,
+        )
     if isinstance(token_to_kv_pool, upstream.get("SWAKVPool")):
         if self.mesh.shape.get("data", 1) > 1:
             raise NotImplementedError(

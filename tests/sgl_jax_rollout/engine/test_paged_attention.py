@@ -233,3 +233,55 @@ def test_rounded_weights_round_as_tunix_does_in_bfloat16():
     assert same[None] <= 0.95, same
     step = np.abs(tunix) * 2.0**-7 + 1e-30  # one bfloat16 step at most
     assert np.all(np.abs(outs[bf16] - tunix) <= step)
+
+
+def _tunix_gemma_attention(q, k, v, scale):
+    """tunix's Gemma 3 attention of one query `[heads, head_dim]` over keys `[keys, kv_heads,
+    head_dim]`, all bfloat16 (`models/gemma3/model.py` `Attention.__call__`): scores in
+    bfloat16, then `jax.nn.softmax` on them, in bfloat16 throughout."""
+    import jax
+
+    grouped = q.reshape(KV_HEADS, HEADS // KV_HEADS, HEAD_DIM)
+    scores = jnp.einsum("kgd,skd->kgs", grouped * jnp.bfloat16(scale), k)
+    weights = jax.nn.softmax(scores, axis=-1).astype(jnp.bfloat16)
+    return jnp.einsum("kgs,skd->kgd", weights, v).reshape(HEADS, HEAD_DIM)
+
+
+def test_softmax_in_dtype_computes_as_tunix_gemma_does_in_bfloat16():
+    """`softmax_in` (numerics="trainer" on Gemma 2 / 3): a bfloat16 decode step's outputs are
+    tunix's Gemma attention's almost everywhere, over requests of several key chunks; the
+    float32 softmax with rounded weights (Qwen's rounding) gives another output in many
+    elements. (A power-of-two scale, as Gemma 2 2B's and Gemma 3 1B's 256 ** -0.5, is exact
+    before or after the product. Gemma 2's soft cap agrees as well only with XLA's excess
+    precision off: compiled, XLA keeps its `tanh(s / cap) * cap` in float32, where tunix's
+    eager ops round each step; checked by hand, not here.)"""
+    rng = np.random.default_rng(5)
+    seq_lens = [300, 77, 129]
+    fused, cache_loc, runs = _pool(rng, 16, seq_lens)
+    q = rng.normal(size=(len(seq_lens), HEADS, HEAD_DIM)) * 4.0  # peaked weights
+    bf16 = jnp.bfloat16
+    args = (jnp.asarray(q, bf16), jnp.asarray(fused, bf16), jnp.asarray(cache_loc))
+    lens = jnp.asarray(np.asarray(seq_lens, np.int32))
+    options = {
+        "softmax_in": paged_attention.ScoreOptions(scale=0.125, softmax_in=bf16),
+        "rounded": paged_attention.ScoreOptions(scale=0.125, round_weights=bf16),
+    }
+    outs = {
+        name: np.asarray(
+            paged_attention.decode_attention(*args, lens, page_size=16, options=option).astype(
+                jnp.float32
+            )
+        )
+        for name, option in options.items()
+    }
+    tunix = []
+    for r, slots in enumerate(runs):
+        k, v = (jnp.asarray(x, bf16) for x in _kv(np.asarray(fused, np.float32), slots))
+        out = _tunix_gemma_attention(args[0][r], k, v, 0.125)
+        tunix.append(np.asarray(out.astype(jnp.float32)))
+    tunix = np.stack(tunix)
+    same = {name: float(np.mean(out == tunix)) for name, out in outs.items()}
+    assert same["softmax_in"] >= 0.99, same
+    assert same["rounded"] <= 0.9, same
+    step = np.abs(tunix) * 2.0**-7 + 1e-30  # one bfloat16 step at most
+    assert np.all(np.abs(outs["softmax_in"] - tunix) <= step)

@@ -141,16 +141,20 @@ def test_the_setting_is_refused_by_name_and_resolved_per_model_type():
 
 def test_trainer_rounding_follows_tunix_where_it_has_the_model():
     """`numerics.trainer_rounding`: tunix's norm order and rounded attention weights for its
-    Qwen and Llama models (the weights for Gemma 4 too), the norm in the activation dtype for
-    Gemma 2 / 3 (their softmax, in bfloat16 on tunix's side, not aligned), upstream's for
-    models tunix lacks and under numerics="sgl-jax"."""
+    Qwen and Llama models (the weights for Gemma 4 too), the router of Qwen3-MoE, RoPE in float32
+    for Llama and Gemma 2 / 3, the norm and the attention softmax in the activation dtype for
+    Gemma 2 / 3, upstream's for models tunix lacks and under numerics="sgl-jax"."""
     from sgl_jax_rollout.engine.numerics import TrainerRounding, trainer_rounding
 
     assert trainer_rounding("qwen3", "trainer") == TrainerRounding("weight_times_normed", True)
-    assert trainer_rounding("llama", "trainer") == TrainerRounding("weighted_over_rms", True)
+    moe = TrainerRounding("weight_times_normed", True, router_in_dtype=True)
+    assert trainer_rounding("qwen3_moe", "trainer") == moe
+    llama = TrainerRounding("weighted_over_rms", True, rope_in_float32=True)
+    assert trainer_rounding("llama", "trainer") == llama
     assert trainer_rounding("gemma4", "trainer") == TrainerRounding(None, True)
     for model_type in ("gemma2", "gemma3_text"):
-        assert trainer_rounding(model_type, "trainer") == TrainerRounding(gemma_norm=True)
+        expected = TrainerRounding(gemma_norm=True, softmax_in_dtype=True, rope_in_float32=True)
+        assert trainer_rounding(model_type, "trainer") == expected
     assert trainer_rounding("phi3", "trainer") == TrainerRounding()
     assert trainer_rounding("qwen3", "sgl-jax") == TrainerRounding()
 
@@ -232,3 +236,100 @@ def test_bfloat16_gemma_norms_compute_in_bfloat16_as_tunix_does(package):
     np.testing.assert_array_equal(np.asarray(summed), np.asarray(x + residual))
     theirs, _ = norm(x, residual)
     assert np.mean(np.asarray(theirs.astype(jnp.float32)) != want) > 0.05
+
+
+def test_bfloat16_router_rounds_as_tunix_qwen3_moe_does():
+    """`router_in_dtype`: sgl-jax's GateLogit and TopK on bfloat16 hidden states, the routing
+    weights then as the wrapped `EPMoE.__call__` hands them on, give tunix's Qwen3-MoE routing
+    (`models/qwen3/model.py` `MoELayer.__call__`: a bfloat16 `nnx.Linear`, softmax and
+    renormalised top-k in float32, weights rounded to bfloat16) bit for bit: the same experts
+    and weights. Upstream's float32 logits give other weights and, at near-ties, other
+    experts."""
+    from flax import nnx
+
+    from sgl_jax_rollout.engine import patches, upstream
+    from sgl_jax_rollout.engine.collector import Collector
+    from sgl_jax_rollout.engine.numerics import TrainerRounding
+    from sgl_jax_rollout.engine.patches import agreement
+
+    rng = np.random.default_rng(2)
+    hidden = jnp.asarray(rng.normal(0, 1, size=(2048, 256)), jnp.bfloat16)
+    kernel = jnp.asarray(rng.normal(0, 0.05, size=(256, 64)), jnp.bfloat16)
+    router = nnx.Linear(
+        256, 64, use_bias=False, dtype=jnp.bfloat16, param_dtype=jnp.bfloat16, rngs=nnx.Rngs(0)
+    )
+    router.kernel.value = kernel
+    weights, experts = jax.lax.top_k(jax.nn.softmax(router(hidden).astype(jnp.float32), -1), 8)
+    weights = (weights / jnp.sum(weights, axis=-1, keepdims=True)).astype(jnp.bfloat16)
+    with jax.set_mesh(jax.make_mesh((1,), ("data",))):  # sgl-jax's layers shard their weights
+        gate = upstream.get("GateLogit")(256, 64)
+    gate.kernel.value = kernel.astype(jnp.float32)  # as the bfloat16 checkpoint loads into it
+    topk = upstream.module("layers.gate").TopK(topk=8, renormalize=True)  # upstream's, as is
+
+    def route():
+        # The experts' compute is a test double: it returns the weights it was handed.
+        served, ids = topk(gate(hidden))
+        return agreement._experts_by_rule(lambda _, h, w, i: w, None, hidden, served, ids), ids
+
+    patches.apply()
+    hooks = patches.EngineHooks(
+        collector=Collector(), valid_vocab_size=None, numerics=TrainerRounding(router_in_dtype=True)
+    )
+    patches.activate(hooks, 0.0)
+    try:
+        ruled, ruled_ids = route()
+    finally:
+        patches.deactivate(hooks)
+    np.testing.assert_array_equal(np.asarray(ruled_ids), np.asarray(experts))
+    np.testing.assert_array_equal(np.asarray(ruled), np.asarray(weights.astype(jnp.float32)))
+    theirs, their_ids = route()
+    assert np.mean(np.asarray(theirs) != np.asarray(weights.astype(jnp.float32))) > 0.5
+    assert np.any(np.asarray(their_ids) != np.asarray(experts))
+
+
+@pytest.mark.parametrize("package", ["llama3", "gemma3"])
+def test_bfloat16_rope_rotates_in_float32_as_tunix_does(package):
+    """`rope_in_float32`: sgl-jax's RotaryEmbedding on bfloat16 query and key, with the
+    engine's phases ("timescale") and rotation in float32, gives tunix's Llama 3 / Gemma 3
+    `apply_rope` (float32 cos and sin, the result rounded once) bit for bit past position
+    1,024; with cos and sin rounded first (upstream's, and tunix's Qwen3) many elements
+    differ."""
+    from sgl_jax_rollout import tunix_compat
+    from sgl_jax_rollout.engine import patches, upstream
+    from sgl_jax_rollout.engine.collector import Collector
+    from sgl_jax_rollout.engine.numerics import TrainerRounding
+
+    rng = np.random.default_rng(3)
+    tokens, heads, head_dim, base = 256, 4, 128, 10_000
+    positions = jnp.arange(1024, 1024 + tokens, dtype=jnp.int32)
+    query = jnp.asarray(rng.normal(0, 2, size=(tokens, heads * head_dim)), jnp.bfloat16)
+    key = jnp.asarray(rng.normal(0, 2, size=(tokens, heads * head_dim)), jnp.bfloat16)
+    apply_rope = tunix_compat.model_module(package, "model").apply_rope
+    kwargs = {"rope_theta": base} if package == "llama3" else {"base_frequency": base}
+
+    def tunix(x):
+        inputs = x.reshape(1, tokens, heads, head_dim)
+        out = apply_rope(inputs, positions[None], head_dim=head_dim, **kwargs)
+        return np.asarray(out.reshape(tokens, -1).astype(jnp.float32))
+
+    rotary = upstream.get("get_rope")(
+        head_dim, head_dim, 4096, base, is_neox_style=True, dtype=jnp.bfloat16
+    )
+    patches.apply()
+
+    def engine(rounding):
+        hooks = patches.EngineHooks(
+            collector=Collector(), valid_vocab_size=None, rope_phases="timescale", numerics=rounding
+        )
+        patches.activate(hooks, 0.0)
+        try:
+            q, k = rotary(positions, query, key)
+        finally:
+            patches.deactivate(hooks)
+        return np.asarray(q.astype(jnp.float32)), np.asarray(k.astype(jnp.float32))
+
+    q, k = engine(TrainerRounding(rope_in_float32=True))
+    np.testing.assert_array_equal(q, tunix(query))
+    np.testing.assert_array_equal(k, tunix(key))
+    rounded_first, _ = engine(TrainerRounding())
+    assert np.mean(rounded_first != tunix(query)) > 0.05
