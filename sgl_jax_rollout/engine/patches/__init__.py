@@ -256,8 +256,9 @@ instead of raising.
 - `rms_norm_order`: wraps `layers.layernorm.RMSNorm.__call__` (`x * (rsqrt(ms + eps) * w)` in
   float32, `layernorm.py:171-184`): a bfloat16 norm with a weight, of an engine whose `numerics`
   is "trainer" (the default), computes in the op order of tunix's model of the checkpoint
-  (`engine/numerics.py`: `w * (x / rms)` for Qwen2 / 3, `(w * x) / rms` with the product in
-  bfloat16 for Llama), bit for bit tunix's norm. float32 norms stay upstream's.
+  (`engine/numerics.py`: `w * (x / rms)` for Qwen2 / 3), bit for bit tunix's norm. Llama's
+  (`(w * x) / rms`, the product in bfloat16) measured worse in the whole model and is not
+  applied (`numerics.py`); float32 norms stay upstream's.
 - `gemma_norm_in_dtype`: wraps `layers.layernorm.GemmaRMSNorm.__call__` (float32 throughout,
   rounded once): under the same setting a bfloat16 `x * (1 + w)` norm of Gemma 2 / 3 computes
   every step in bfloat16 after upstream's residual add, as tunix's Gemma 2 / 3 `RMSNorm` does
