@@ -3,7 +3,7 @@
 
 Owns `install` for `rope_phases`, `rms_norm_order`, `gemma_norm_in_dtype` (the same for
 `GemmaRMSNorm.__call__`, which computes in float32 where tunix's Gemma 2 / 3 norm computes
-every step in bfloat16, `1 + w` included) and `router_in_dtype` (`GateLogit.__call__`, whose
+every step in bfloat16, `1 + w` included), `router_in_dtype` (`GateLogit.__call__`, whose
 router logits are a float32 product where tunix's Qwen3-MoE rounds them to bfloat16 before
 its float32 softmax, and `EPMoE.__call__`, which weighs the experts' outputs by float32
 routing weights where tunix rounds them to bfloat16 first) and `rope_in_float32`
