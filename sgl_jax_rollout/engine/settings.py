@@ -91,9 +91,12 @@ class EngineSettings:
     YaRN, Gemma 4's) is upstream's under both.
     `numerics` (default "trainer"): how a bfloat16 engine rounds where tunix's model of the
     checkpoint rounds otherwise than sgl-jax (`engine/numerics.py`): "trainer": RMS norms in
-    tunix's op order (Qwen2 / 3, Llama) and attention weights normalised, then rounded, before
-    the value product (those and Gemma 4; the paged native attention only, not the TPU
-    kernel); "sgl-jax": upstream's. float32 engines compute the same under both.
+    tunix's op order (Qwen2 / 3; Gemma 2 / 3's every step in bfloat16), attention weights
+    normalised, then rounded, before the value product (Qwen2 / 3, Llama, Gemma 4) or the whole
+    softmax in bfloat16 (Gemma 2 / 3; both the paged native attention only, not the TPU
+    kernel), RoPE rotated in float32 (Llama, Gemma 2 / 3), Qwen3-MoE's router logits and
+    routing weights in bfloat16; "sgl-jax": upstream's. float32 engines compute the same under
+    both.
     """
 
     dtype: str = "auto"

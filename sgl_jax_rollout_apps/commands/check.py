@@ -76,10 +76,9 @@ def add_parser(sub: argparse._SubParsersAction, presets: str) -> None:
         "--numerics",
         choices=["trainer", "sgl-jax"],
         default=None,
-        help="how a bfloat16 engine rounds its norms and attention weights: trainer, as "
-        "tunix's model of the checkpoint does (Qwen, Llama; Gemma 2 / 3's norms; Gemma 4's "
-        "attention), or sgl-jax, "
-        "upstream's (default: trainer)",
+        help="how a bfloat16 engine rounds its norms, attention, RoPE and MoE router: trainer, "
+        "as tunix's model of the checkpoint does (Qwen2 / 3, Qwen3-MoE, Llama, Gemma 2 / 3 / 4; "
+        "engine/numerics.py lists each op), or sgl-jax, upstream's (default: trainer)",
     )
     chk.add_argument(
         "--trainer-dtype",
