@@ -10,7 +10,9 @@ rows, what ended each completion, bad counts by kind and the first failures). Th
 - `stop_token_inside`: no stop id (model EOS, `eos_tokens`, pad) before the last token;
 - `stop_string_inside`: no stop string in the text of all tokens but the last;
 - `early_end`: a completion shorter than max_tokens_to_generate ends with a stop id or a
-  stop string; with `ignore_eos`, every completion has exactly max_tokens_to_generate tokens;
+  stop string; with `ignore_eos`, every completion has exactly max_tokens_to_generate tokens,
+  or fewer ending at its first pad id (a sampled pad ends the row: tunix reads every pad as
+  padding, `rollout_inputs.cut_at_pad`);
 - `min_new_tokens`: no completion shorter than min_new_tokens (calls without stop strings);
 - `stores`: the engine's per-request stores are empty after every call (`soak.run_on` reads
   them).
@@ -87,9 +89,16 @@ def check_call(rollout, tally: Tally, call_index: int, kind, config, out, stop_i
             tally.bad("values", call_index, row, f"{where}: logprobs {logprobs} entropy {entropy}")
         ended = _ending(tally, call_index, row, where, tokens, options, stop_ids, tokenizer)
         if options.ignore_eos:
-            if len(tokens) != config.max_tokens_to_generate:
+            full = len(tokens) == config.max_tokens_to_generate
+            cut_at_pad = tokens[-1] == rollout.pad_id() and rollout.pad_id() not in tokens[:-1]
+            tally.ended_by["length" if full else "pad"] += 1
+            if not full and not cut_at_pad:
                 tally.bad(
-                    "early_end", call_index, row, f"{where}: ignore_eos but {len(tokens)} tokens"
+                    "early_end",
+                    call_index,
+                    row,
+                    f"{where}: ignore_eos but {len(tokens)} tokens, not ended by a sampled pad "
+                    f"id: {tokens[-4:]}",
                 )
         elif len(tokens) < config.max_tokens_to_generate and ended == "length":
             tally.bad(
@@ -141,8 +150,7 @@ def check_call(rollout, tally: Tally, call_index: int, kind, config, out, stop_i
 
 def _ending(tally, call_index, row, where, tokens, options, stop_ids, tokenizer) -> str:
     """Checks stop ids and stop strings inside a completion; returns what ended it."""
-    if options.ignore_eos:
-        tally.ended_by["length"] += 1
+    if options.ignore_eos:  # `check_call` tells a length end from a sampled pad's
         return "length"
     inside = [(i, t) for i, t in enumerate(tokens[:-1]) if t in stop_ids]
     if inside:
