@@ -93,7 +93,8 @@ def test_check_table_rows_are_read_from_the_readmes_sample_output():
     section = README.split("## Before a long run", 1)[1]
     sample = "check" + section.split("```\ncheck", 1)[1].split("```", 1)[0]
     rows = read_output(Source("check", (), "table", 1), "check: a progress line\n" + sample)
-    assert rows["logprob |diff| vs trainer, T=1.0"] == pytest.approx(3.34e-6)
+    (figure,) = [figure for figure in FIGURES if figure.source == "check"]
+    assert rows[figure.key] == pytest.approx(figure.value, rel=0.01)
     assert rows["greedy tokens = trainer argmax (share, from 1024)"] == 1
     assert len(rows) == 11
 
@@ -108,26 +109,35 @@ def test_json_is_the_last_line_that_parses_and_jsonl_its_first_and_last_rows():
     assert rows == {"first": {"r": 1}, "last": {"r": 2}}
 
 
-def _saved(tmp_path: Path, ratio: float) -> Path:
+def _saved(tmp_path: Path, ratio_moved_by: float) -> Path:
+    """A saved `bench concurrency` output holding the README's figures, its ratio moved."""
+    values: dict = {}
+    for figure in FIGURES:
+        if figure.source == "bench concurrency":
+            *path, last = figure.key.split(".")
+            node = values
+            for part in path:
+                node = node.setdefault(part, {})
+            node[last] = figure.value * (ratio_moved_by if last == "ratio" else 1.0)
     where = tmp_path / "bench-concurrency"
     where.mkdir(parents=True)
-    sizes = {"16": {"concurrent_s": 0.2, "one_call_s": 0.17, "ratio": ratio}}
-    (where / runner.STDOUT).write_text(json.dumps({"sizes": sizes}) + "\n")
+    (where / runner.STDOUT).write_text(json.dumps(values) + "\n")
     return tmp_path
 
 
 def test_figures_exits_1_naming_the_figure_a_saved_run_moved(tmp_path, capsys):
-    out = _saved(tmp_path, ratio=2.0)
+    out = _saved(tmp_path, ratio_moved_by=2.0)
     assert main(["figures", "--saved", "--out", str(out), "--only", "bench concurrency"]) == 1
     captured = capsys.readouterr()
     report = json.loads(captured.out)
     assert report["checked"] == 3 and report["drifted"] == 1
     assert report["sources"]["bench soak"] == {"left_out": "not asked for"}
-    assert "'(1.16x)' (bench concurrency): moved to 2" in captured.err
+    (ratio,) = [f for f in FIGURES if f.source == "bench concurrency" and f.key.endswith("ratio")]
+    assert f"{ratio.text!r} (bench concurrency): moved to {2 * ratio.value:.4g}" in captured.err
 
 
 def test_figures_passes_a_saved_run_within_the_noise(tmp_path, capsys):
-    out = _saved(tmp_path, ratio=1.2)
+    out = _saved(tmp_path, ratio_moved_by=1.1)
     assert main(["figures", "--saved", "--out", str(out), "--only", "bench concurrency"]) == 0
     assert "3 of 3 figures within their noise" in capsys.readouterr().err
 
