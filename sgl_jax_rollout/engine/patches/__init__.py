@@ -250,7 +250,9 @@ instead of raising.
   embedding: sgl-jax's `get_rope` hands every engine of a process the same cached one
   (`_ROPE_DICT`, `layers/embeddings.py:601-647`). Upstream's numpy frequencies differ in the
   last bit of about half the phases; on Gemma 3 270M at 1,000-token prompts the rollout's
-  logprobs were up to 1.6e-4 from the trainer's with them, 9.6e-5 with the trainer's.
+  logprobs were up to 1.6e-4 from the trainer's with them, 9.6e-5 with the trainer's
+  (2026-11-30; since 83ca19c's extend, 8.3e-5 / 7.8e-5 at T = 1 and 9.0e-5 / 1.34e-4 at
+  T = 0.7: the float32 sums' rounding decides as much there, docs/guide.md).
   Subclasses with frequencies of their own (llama3 scaling, YaRN, Gemma 4's proportional
   RoPE) keep upstream's.
 - `rms_norm_order`: wraps `layers.layernorm.RMSNorm.__call__` (`x * (rsqrt(ms + eps) * w)` in
