@@ -50,7 +50,7 @@ class Source:
 class Figure:
     """One number of the README's table and how a fresh run gives it. `readme`: the README's
     words, the figure in brackets ("16 calls at once: [0.185] s"); the fresh value is
-    `source`'s `key` (dotted for JSON), divided by `over`'s when set, times `scale`. `noise`:
+    `source`'s `key` (dotted for JSON), divided by `over`'s when set. `noise`:
     how far a fresh run may move it, relative to the figure; `floor`: in absolute units, for
     figures near 0. `bound`: `upper` for a bound a smaller value keeps (an error, a count of
     faults), `lower` for one a larger value keeps (an agreement share)."""
@@ -62,7 +62,6 @@ class Figure:
     floor: float = 0.0
     bound: Bound = "both"
     over: str | None = None
-    scale: float = 1.0
 
     @property
     def text(self) -> str:
@@ -168,7 +167,6 @@ def judge(figure: Figure, values: dict[str, Any]) -> Verdict:
             measured /= lookup(values, figure.over)
     except (KeyError, ZeroDivisionError) as err:
         return Verdict(figure, None, False, f"not in the output: {err}")
-    measured *= figure.scale
     if not math.isfinite(measured):
         return Verdict(figure, measured, False, "not finite")
     slack = max(figure.noise * abs(figure.value), figure.floor)
