@@ -169,3 +169,8 @@ FIGURES = (
     Figure("against vanilla's [3,107]", "compare", "throughput_tokens_per_s.vanilla", TIME),
 )
 # fmt: on
+
+
+def figures_of(source: Source) -> list[Figure]:
+    """The figures `source` measures, in the README's order."""
+    return [figure for figure in FIGURES if figure.source == source.name]

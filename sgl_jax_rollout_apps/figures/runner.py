@@ -16,8 +16,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from sgl_jax_rollout_apps.figures.registry import FIGURES, SOURCES
-from sgl_jax_rollout_apps.figures.spec import Figure, Source, Verdict, judge, read_output
+from sgl_jax_rollout_apps.figures.registry import SOURCES, figures_of
+from sgl_jax_rollout_apps.figures.spec import Source, Verdict, judge, read_output
 
 Progress = Callable[[str], None]
 STDOUT = "stdout.txt"
@@ -84,7 +84,7 @@ def run_source(source: Source, out: Path, progress: Progress) -> dict[str, Any]:
 
 def judge_source(source: Source, out: Path) -> list[Verdict]:
     """Every figure of `source`, judged on the output saved in `out`."""
-    figures = [figure for figure in FIGURES if figure.source == source.name]
+    figures = figures_of(source)
     try:
         stdout = (out / STDOUT).read_text()
         file_text = (out / source.file).read_text() if source.file else None
@@ -135,7 +135,6 @@ def listing() -> str:
     lines = []
     for source in SOURCES:
         lines.append(f"{source.name} (about {source.minutes:g} min): {source.command()}")
-        figures: list[Figure] = [figure for figure in FIGURES if figure.source == source.name]
-        for figure in figures:
+        for figure in figures_of(source):
             lines.append(f"  {figure.text!r}: {figure.key} -> {figure.allowed()}")
     return "\n".join(lines)
