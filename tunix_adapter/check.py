@@ -47,11 +47,16 @@ prefill, as GRPO's do):
 Each check gives one row with the measured value, its limit and a verdict; any failed row makes
 the command exit non-zero. The float32 tolerance is 1e-4; a bfloat16 engine gets 0.1, or
 twice the measured floor over T where that is larger (rounding, not a bug, dominates there:
-see docs/guide.md, "bfloat16").
+see docs/guide.md, "bfloat16"). Where a float32 logprob row is above 1e-4, its completions are
+scored again by tunix's model of the checkpoint computing in float64 (`check_exact.py`; on a
+CPU or GPU, without LoRA): two more rows give each side's largest distance to it, the
+engine's judged against 1e-4, the trainer's reported, and the row's own limit becomes 1e-4
+plus the trainer's distance (an engine within 1e-4 of exact is within that of the trainer):
+two float32 roundings each within the tolerance pass, an engine off by more fails.
 
-The settings are `CheckConfig` (`check_config.py`), the prompts `check_prompts.py`, the
-perturbed weights and the LoRA measure `check_weights.py`, the rows and their table
-`check_table.py`; their public names stay importable from here.
+The settings are `CheckConfig` (`check_config.py`), the prompts `check_prompts.py`, the exact
+reference `check_exact.py`, the perturbed weights and the LoRA measure `check_weights.py`, the
+rows and their table `check_table.py`; their public names stay importable from here.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from tunix_adapter import check_exact
 from tunix_adapter.check_config import CheckConfig, rollout_config
 from tunix_adapter.check_prompts import long_prompts
 from tunix_adapter.check_table import Verdict
@@ -64,7 +65,8 @@ def verdicts(
     padded_gaps = []  # per sampled check: the trainer's largest log-mass on never-sampled ids
     gaps = []  # per sampled check: the mean |engine - trainer| logprob
 
-    def fidelity(temperature: float) -> float:
+    def fidelity(temperature: float) -> tuple:
+        """(max |engine - trainer|, the output, the trainer's logprobs, each row's end)."""
         say(f"sampling and scoring at T={temperature:g} ({rows_of}, {config.max_tokens} new)")
         out = rollout.generate(prompts, rollout_config(config, temperature), n=config.samples)
         outputs.append(out)
@@ -80,7 +82,7 @@ def verdicts(
             )
         diffs = _gaps(out.logprobs, reference, ends)
         gaps.append(float(diffs.mean()) if diffs.size else 0.0)
-        return float(diffs.max(initial=0.0))
+        return float(diffs.max(initial=0.0)), out, reference, ends
 
     say(f"greedy tokens against the trainer's argmax ({rows_of}, {config.max_tokens} new)")
     greedy = rollout.generate(
@@ -104,15 +106,39 @@ def verdicts(
             share >= need,
         )
     ]
-    diffs = {temperature: fidelity(temperature) for temperature in (1.0, 0.7)}
+    scored = {temperature: fidelity(temperature) for temperature in (1.0, 0.7)}
     floor_rows, floor = _floor(rollout, trainer, outputs[1], gaps[0], replay, say)
+    exact = []  # the float64 reference, built at the first float32 row above the tolerance
 
-    def judged(name: str, diff: float, temperature: float) -> Verdict:
+    def judged(name: str, scored: tuple, temperature: float) -> list[Verdict]:
+        diff, out, reference, ends = scored
         bound = fidelity_limit(tolerance, floor, temperature)
-        return Verdict(name, diff, f"<= {bound:.3g}", diff <= bound)
+        if tolerance != F32_TOLERANCE or diff <= bound:
+            return [Verdict(name, diff, f"<= {bound:.3g}", diff <= bound)]
+        why = check_exact.unavailable(lora)
+        if why:
+            say(f"{name}: {diff:.3g} > {bound:g}; not scored in float64: {why}")
+            return [Verdict(name, diff, f"<= {bound:.3g}", False)]
+        say(f"{name}: {diff:.3g} > {bound:g}; scoring its rows with tunix's model in float64")
+        if not exact:
+            exact.append(check_exact.ExactReference(config.model_path, trainer, replay))
+        truth = exact[0].logps(rollout, out, temperature, valid)
+        off = float(_gaps(out.logprobs, truth, ends).max(initial=0.0))
+        own = float(_gaps(list(reference), truth, ends).max(initial=0.0))
+        # |engine - trainer| <= |engine - exact| + |trainer - exact|
+        return [
+            Verdict(name, diff, f"<= {bound + own:.3g}", diff <= bound + own),
+            Verdict(
+                f"exact: engine vs float64 model, T={temperature}",
+                off,
+                f"<= {bound:g}",
+                off <= bound,
+            ),
+            Verdict(f"exact: trainer vs float64 model, T={temperature}", own, "reported", True),
+        ]
 
-    for temperature, diff in diffs.items():
-        rows.append(judged(f"logprob |diff| vs trainer, T={temperature}", diff, temperature))
+    for temperature, each in scored.items():
+        rows += judged(f"logprob |diff| vs trainer, T={temperature}", each, temperature)
     rows += floor_rows
     if replay:
         flipped = float(
@@ -136,7 +162,7 @@ def verdicts(
     nnx.update(trainer, perturbed(state, scale=0.05, seed=config.seed + 1))
     rollout.update_params(nnx.state(trainer, kind), (kind,))
     what = "LoRA adapters" if lora else "weights"
-    rows.append(judged(f"after update_params (perturbed {what}), T=1.0", fidelity(1.0), 1.0))
+    rows += judged(f"after update_params (perturbed {what}), T=1.0", fidelity(1.0), 1.0)
     if valid is not None:
         gap = max(padded_gaps)
         rows.append(

@@ -79,7 +79,8 @@ def _scores(rollout, trainer, out, temperature: float, replay: bool, logits: boo
         # in one process, chunks of rows whose logits fit (a replayed routing covers them all)
         chunk = len(prompts)
         if jax.process_count() == 1 and not replay:
-            row_bytes = (prompts.shape[1] + width) * vocab_size(trainer.config) * 4
+            itemsize = max(4, _floating_itemsize(state))  # the logits: float32 at least
+            row_bytes = (prompts.shape[1] + width) * vocab_size(trainer.config) * itemsize
             chunk = chunk_rows(rows, row_bytes)
         parts = [
             per_token_logps_and_logits(
@@ -94,6 +95,15 @@ def _scores(rollout, trainer, out, temperature: float, replay: bool, logits: boo
     )
 
 
+def _floating_itemsize(state: Any) -> int:
+    """Bytes per value of `state`'s first floating leaf."""
+    import jax
+    import jax.numpy as jnp
+
+    leaves = jax.tree_util.tree_leaves(state)
+    return next(x.dtype.itemsize for x in leaves if jnp.issubdtype(x.dtype, jnp.floating))
+
+
 def with_more_padding(out: Any, pad: int, columns: int = LAYOUT_PAD_COLUMNS) -> Any:
     """`out` with `columns` more pad ids left of every prompt: the same tokens at the same
     positions (tunix's trainer numbers positions from the mask) in another batch layout, which
@@ -104,8 +114,8 @@ def with_more_padding(out: Any, pad: int, columns: int = LAYOUT_PAD_COLUMNS) -> 
 
 
 def chunk_rows(rows: int, row_logits_bytes: int) -> int:
-    """Rows the trainer scores at once: all of them where their float32 logits over every
-    position fit `SCORING_LOGITS_BYTES`, else as many as fit (one at least)."""
+    """Rows the trainer scores at once: all of them where their logits over every position
+    (`row_logits_bytes` a row) fit `SCORING_LOGITS_BYTES`, else as many as fit (one at least)."""
     return max(1, min(rows, SCORING_LOGITS_BYTES // row_logits_bytes))
 
 

@@ -2,7 +2,8 @@
 session rollout starts: tests/conftest.py).
 
 The pre-flight passes where trainer and engine agree, and fails, naming the rows, where they
-do not: the same engine with weights the trainer does not have. The engine starts under
+do not: the same engine with weights the trainer does not have, which the exact (float64)
+reference then finds on the engine's side. The engine starts under
 pytest's capture (`capsys`: a `sys.stderr` without a file descriptor, as in Jupyter), which
 the `scheduler_faulthandler` patch makes survivable.
 """
@@ -51,3 +52,8 @@ def test_check_passes_on_agreeing_weights_and_fails_rows_on_diverged_ones(tiny_d
     # The check's own sync realigns the two, so that row passes again.
     assert "after update_params (perturbed weights), T=1.0" not in failed
     assert rows["logprob |diff| vs trainer, T=1.0"].value > 1e-2
+    # A float32 row above the tolerance is scored by tunix's model in float64 (the exact
+    # reference): the engine is the side that is off; the trainer is within float32 rounding.
+    assert "exact: engine vs float64 model, T=1.0" in failed
+    assert rows["exact: engine vs float64 model, T=0.7"].value > 1e-2
+    assert 0 < rows["exact: trainer vs float64 model, T=1.0"].value < 1e-5
