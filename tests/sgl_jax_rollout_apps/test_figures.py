@@ -43,6 +43,22 @@ def test_every_row_of_the_table_with_a_figure_is_checked():
     assert not unchecked, unchecked
 
 
+def test_every_source_is_a_command_the_cli_accepts():
+    # each source's flags pass the CLI's own parser and its per-command range checks
+    # (a bad one, `bench tail --runs 1`, is refused: parser.error exits 2)
+    from sgl_jax_rollout_apps import cli
+
+    for source in SOURCES:
+        parser = cli.build_parser()
+        args = parser.parse_args([a.format(out="out", model="model") for a in source.argv])
+        checks = cli._ARGUMENT_CHECKS.get(args.command)
+        if checks is not None:
+            checks(parser, args)
+    parser = cli.build_parser()
+    with pytest.raises(SystemExit):
+        cli._ARGUMENT_CHECKS["bench"](parser, parser.parse_args(["bench", "tail", "--runs", "1"]))
+
+
 def test_the_figure_is_the_bracketed_number():
     figure = Figure("16 calls at once: [0.185] s", "s", "k", 0.5)
     assert figure.text == "16 calls at once: 0.185 s"
