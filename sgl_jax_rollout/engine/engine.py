@@ -272,15 +272,19 @@ class RolloutEngine:
 
     def update_weights(self, params: Any, lora: Any = None) -> None:
         """Checks, then swaps in `params` (tunix nnx state or engine layout; with `lora`, the
-        frozen base those adapters apply to); flushes the cache.
-
-        Mapping and checks run on the caller's thread; the swap and the prefix-cache flush run
-        together on the scheduler thread while it is fully idle, so no step sees half of it.
-        Calls running when it arrives finish under the old weights first; calls arriving while
-        it waits or runs start after it, under the new ones.
-        """
+        frozen base those adapters apply to); flushes the cache. Mapping and checks run on the
+        caller's thread; the swap and the prefix-cache flush together on the scheduler thread
+        while it is fully idle, so no step sees half of it. Calls running when it arrives finish
+        under the old weights first; calls arriving while it waits or runs start after it, under
+        the new ones."""
         with self._pause.not_paused("update_weights"):
             self._weight_updates.update(params, lora)
+
+    def flush_prefix_cache(self) -> None:
+        """Empties the prefix cache once the running calls end (calls arriving meanwhile wait);
+        the weights and `weights_version` stay."""
+        with self._pause.not_paused("flush_prefix_cache"):
+            self._weight_updates.flush()
 
     @property
     def weights_version(self) -> int:
@@ -335,7 +339,6 @@ class RolloutEngine:
 
     def shutdown(self) -> None:
         """Stops the engine's own threads and closes its sockets; touches no other process.
-
         Safe from any thread and at any time: calls running in other threads end at once with
         RuntimeError ("... was shut down ..."), then the engine is taken down.
         """

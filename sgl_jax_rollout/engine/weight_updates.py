@@ -1,6 +1,7 @@
 """Weight swaps of the running engine, never under a running call.
 
-Owns `WeightUpdates`, behind `RolloutEngine.update_weights`, `engine_state` and `version`:
+Owns `WeightUpdates`, behind `RolloutEngine.update_weights`, `engine_state`, `version` and
+`flush_prefix_cache` (the flush alone, the weights and their version kept):
 the new weights are mapped and checked on the caller's thread
 (`weights.WeightSwapper.prepare`), then swapped in together with a prefix-cache flush on the
 idle scheduler thread, as the engine's exclusive job (`CallGate.exclusive`: the calls running
@@ -52,8 +53,18 @@ class WeightUpdates:
             self._memory.weights_pending = False
             self.version += 1
 
+    def flush(self) -> None:
+        """`RolloutEngine.flush_prefix_cache`: the flush alone, as the engine's exclusive job."""
+        with self._gate.exclusive():
+            self._process.check_open()
+            self._process.when_idle(_flush)
+
     def _swap_and_flush(self, scheduler: Any, leaves: list) -> None:
         self._process.weights.swap(leaves)
-        flushed, message, _ = scheduler.flush_cache()
-        if not flushed:  # cannot happen while fully idle; never serve stale prefixes silently
-            raise RuntimeError(f"prefix cache flush failed after the weight swap: {message}")
+        _flush(scheduler)
+
+
+def _flush(scheduler: Any) -> None:
+    flushed, message, _ = scheduler.flush_cache()
+    if not flushed:  # cannot happen while fully idle; never serve stale prefixes silently
+        raise RuntimeError(f"prefix cache flush failed on the idle scheduler: {message}")

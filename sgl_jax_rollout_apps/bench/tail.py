@@ -24,18 +24,18 @@ Reported per variant: wall time per batch, groups per second, decode steps run, 
 batch per decode step, prefill tokens the engine computed (`RolloutEngine.prefill_counts`)
 per unique prompt token; `ratios` to `generate`, and over-sampling to shared prefill (what
 early stop adds alone). `ok`: over-sampling and partial rollouts each >= 1.3x `generate` in
-groups per second and shared prefill <= 1.1x the unique prompt tokens. On CPU the prefill's
-cost grows with its padded token bucket times the KV pool (native attention), so shared
-prefill saves more time here than it would with flash attention; the token counts carry over,
-the seconds do not.
+groups per second, shared prefill <= 1.1x the unique prompt tokens, and no paused group
+dropped as stale (each batch moves the policy version by one, within `max_staleness`). On
+CPU the engine attends through `engine/paged_attention.py`, where a decode step's cost grows
+with its running rows: the decode steps over-sampling and partial rollouts save show in the
+seconds only in part (on a TPU a decode step of a few rows costs about what one row's does: the
+weights' read dominates). The token and step counts carry over, the seconds do not.
 
 `group_prefill` is point 1's measurement on its own: 16 prompts x n = 8 of 1,000 tokens, one
 new token each, prefill tokens computed per unique prompt token with sharing off and on
-(`group_prefill=False` skips it: its unshared half takes about 30 minutes on a 2-core CPU;
-`ok` then reads the speedups alone).
+(`group_prefill=False` skips it; `ok` then reads the speedups alone).
 
-The KV pool is sized to the workloads (`SETTINGS`): on CPU, sgl-jax's native attention reads
-the whole pool at every step, so a larger pool only slows every variant alike. With
+The KV pool is sized to the workloads (`SETTINGS`). With
 `real_size_layers`, the same variants run again on the Qwen3-0.6B-sized model (its vocabulary,
 widths and heads; that many layers), with the length cap halved and a smaller prefill bucket
 and pool to fit this memory (`REAL_SIZE_SETTINGS`), reported under `real_size`.
@@ -208,6 +208,7 @@ def _on_model(
             "dropped_stale_groups": rollout.dropped_stale_groups,
             "ok": ratios["over_sample_vs_generate"] >= TARGET_SPEEDUP
             and ratios["partial_rollout_vs_generate"] >= TARGET_SPEEDUP
+            and rollout.dropped_stale_groups == 0
             and (prefill is None or prefill["shared"]["per_unique_token"] <= TARGET_PREFILL),
         }
     finally:
@@ -258,13 +259,13 @@ def _partial_call(
 
 
 def _flush(rollout, share: bool, new_version: bool = False) -> None:
-    """Empties the prefix cache (a weight update of the same weights) and sets sharing;
-    `new_version`: through the rollout, which moves its policy version as training does."""
+    """Empties the prefix cache and sets sharing; `new_version`: by a weight update of the
+    same weights through the rollout, which moves its policy version as training does."""
     engine = rollout.engine
     if new_version:
         rollout.update_params(engine.engine_state())
-    else:
-        engine.update_weights(engine.engine_state())
+    else:  # a weight swap here would move the version the paused groups' staleness counts
+        engine.flush_prefix_cache()
     engine.settings = engine.settings.replace(share_group_prefill=share)
 
 

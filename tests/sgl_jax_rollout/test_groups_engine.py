@@ -24,8 +24,10 @@ pytestmark = pytest.mark.engine
 
 
 def flush(rollout) -> None:
-    """Empties the prefix cache (a weight update flushes it)."""
-    rollout.update_params(rollout.engine.engine_state())
+    """Empties the prefix cache, the weights and their version kept."""
+    version = rollout.policy_version
+    rollout.engine.flush_prefix_cache()
+    assert rollout.policy_version == version
 
 
 def pool_state(engine) -> dict[str, int]:
