@@ -74,7 +74,8 @@ class ExactReference:
 
         with jax.enable_x64(True):
             if self._model is None:
-                mesh = jax.make_mesh((1, 1), ("fsdp", "tp"), devices=jax.devices()[:1])
+                auto = (jax.sharding.AxisType.Auto,) * 2  # as `check.build`'s own mesh
+                mesh = jax.make_mesh((1, 1), ("fsdp", "tp"), auto, devices=jax.devices()[:1])
                 self._model = load_tunix_model(self._model_path, mesh, jnp.float64)
                 if self._replay:
                     replays(rollout, self._model)
