@@ -110,8 +110,8 @@ def verdicts(
     floor_rows, floor = _floor(rollout, trainer, outputs[1], gaps[0], replay, say)
     exact = []  # the float64 reference, built at the first float32 row above the tolerance
 
-    def judged(name: str, scored: tuple, temperature: float) -> list[Verdict]:
-        diff, out, reference, ends = scored
+    def judged(name: str, result: tuple, temperature: float) -> list[Verdict]:
+        diff, out, reference, ends = result
         bound = fidelity_limit(tolerance, floor, temperature)
         if tolerance != F32_TOLERANCE or diff <= bound:
             return [Verdict(name, diff, f"<= {bound:.3g}", diff <= bound)]
@@ -291,7 +291,9 @@ def pad_in_prompts(prompt_ids: list[list[int]], pad: int, token: str | None) -> 
 
 def engine_dtype(rollout) -> str:
     """The dtype the engine's weights are served in."""
-    return _floating_dtype(rollout.engine.engine_state())
+    from tunix_adapter.scoring import floating_dtype
+
+    return str(floating_dtype(rollout.engine.engine_state()))
 
 
 def trainer_dtype(trainer) -> str:
@@ -299,13 +301,8 @@ def trainer_dtype(trainer) -> str:
     models), else its weights'."""
     from flax import nnx
 
+    from tunix_adapter.scoring import floating_dtype
+
     config = getattr(trainer, "config", None)
     named = getattr(config, "dtype", None)
-    return str(np.dtype(named)) if named is not None else _floating_dtype(nnx.state(trainer))
-
-
-def _floating_dtype(tree) -> str:
-    import jax
-
-    leaves = jax.tree_util.tree_leaves(tree)
-    return str(next(x.dtype for x in leaves if jax.numpy.issubdtype(x.dtype, jax.numpy.floating)))
+    return str(np.dtype(named) if named is not None else floating_dtype(nnx.state(trainer)))

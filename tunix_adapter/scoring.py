@@ -3,9 +3,9 @@
 Owns `trainer_logps` and `trainer_scores` (tunix's `compute_per_token_logps` on a rollout
 output, the second with the trainer's logits too; replaying the rollout's experts on a MoE
 where asked; in one process, in chunks of rows whose logits fit `SCORING_LOGITS_BYTES`),
-`replays` (whether a rollout and trainer can), `before_pad` (where a completion ends for
-tunix's trainer, which reads a pad id as padding) and `with_more_padding` (the same rows in
-another batch layout).
+`replays` (whether a rollout and trainer can), `floating_dtype` (the dtype of a model's
+weights), `before_pad` (where a completion ends for tunix's trainer, which reads a pad id as
+padding) and `with_more_padding` (the same rows in another batch layout).
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def _scores(rollout, trainer, out, temperature: float, replay: bool, logits: boo
         # in one process, chunks of rows whose logits fit (a replayed routing covers them all)
         chunk = len(prompts)
         if jax.process_count() == 1 and not replay:
-            itemsize = max(4, _floating_itemsize(state))  # the logits: float32 at least
+            itemsize = max(4, floating_dtype(state).itemsize)  # the logits: float32 at least
             row_bytes = (prompts.shape[1] + width) * vocab_size(trainer.config) * itemsize
             chunk = chunk_rows(rows, row_bytes)
         parts = [
@@ -95,13 +95,13 @@ def _scores(rollout, trainer, out, temperature: float, replay: bool, logits: boo
     )
 
 
-def _floating_itemsize(state: Any) -> int:
-    """Bytes per value of `state`'s first floating leaf."""
+def floating_dtype(tree: Any) -> np.dtype:
+    """The dtype of `tree`'s first floating leaf (a model's weights: the dtype they are in)."""
     import jax
     import jax.numpy as jnp
 
-    leaves = jax.tree_util.tree_leaves(state)
-    return next(x.dtype.itemsize for x in leaves if jnp.issubdtype(x.dtype, jnp.floating))
+    leaves = jax.tree_util.tree_leaves(tree)
+    return next(np.dtype(x.dtype) for x in leaves if jnp.issubdtype(x.dtype, jnp.floating))
 
 
 def with_more_padding(out: Any, pad: int, columns: int = LAYOUT_PAD_COLUMNS) -> Any:
