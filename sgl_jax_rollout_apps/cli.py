@@ -40,7 +40,7 @@ from sgl_jax_rollout_apps.commands import (
 )
 from sgl_jax_rollout_apps.commands.demo import RUN_SIZE_FLAGS
 
-__all__ = ["RUN_SIZE_FLAGS", "build_parser", "main"]
+__all__ = ["RUN_SIZE_FLAGS", "build_parser", "main", "parse"]
 # `parser.error` on flags that exclude or need each other, by subcommand
 _ARGUMENT_CHECKS = {
     "bench": bench.check_args,
@@ -96,16 +96,23 @@ class _HelpWithDefaults(argparse.HelpFormatter):
         return f"{text} (default: %(default)s)"
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse(argv: list[str] | None = None) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
+    """The parser and `argv`'s arguments, past the subcommand's own range checks
+    (`parser.error`, which exits 2, on a bad one)."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    argument_checks = _ARGUMENT_CHECKS.get(args.command)
+    if argument_checks is not None:
+        argument_checks(parser, args)
+    return parser, args
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser, args = parse(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    argument_checks = _ARGUMENT_CHECKS.get(args.command)
-    if argument_checks is not None:
-        argument_checks(parser, args)
     try:
         cache = compilation_cache.cache_root(args.compilation_cache, "--compilation-cache")
     except ValueError as err:
