@@ -3,10 +3,11 @@ model of the checkpoint computing in float64, so that a float32 gap above the to
 which side is off.
 
 Owns `ExactReference` (the float64 model, loaded once, given the trainer's current weights
-before each scoring) and `unavailable` (why it cannot run here). Engine and trainer each round
-in float32; their gap is the two roundings added, so a gap above 1e-4 may be two sides each
-within it of exact (measured on Gemma 3 270M at 1,000-token prompts: engine 7.4e-5, trainer
-7.8e-5 from the float64 model at T = 0.7, 1.34e-4 between them).
+before each scoring), `token_logps` and `logsumexp` (its log-softmax, in float64) and
+`unavailable` (why it cannot run here). Engine and trainer each round in float32; their gap
+is the two roundings added, so a gap above 1e-4 may be two sides each within it of exact
+(measured on Gemma 3 270M at 1,000-token prompts, T = 0.7: engine 7.28e-5, trainer 7.76e-5
+from the float64 model, 1.34e-4 between them).
 
 The float64 model is tunix's, loaded with `dtype=float64` under `jax.enable_x64`: its matrix
 products, residual adds and attention then compute in float64 except where tunix's code casts
@@ -37,6 +38,13 @@ def unavailable(lora: dict | None) -> str | None:
     return None
 
 
+def logsumexp(z: np.ndarray) -> np.ndarray:
+    """`log(sum(exp(z)))` over the last axis, in float64, shifted by the max."""
+    z = np.asarray(z, np.float64)
+    top = z.max(-1, keepdims=True)
+    return top[..., 0] + np.log(np.exp(z - top).sum(-1))
+
+
 def token_logps(logits: np.ndarray, tokens: list, valid: int | None) -> np.ndarray:
     """Each completion token's log-softmax `[B, L]` in float64 from logits `[B, L, V]` (already
     divided by the temperature), over the first `valid` ids where given (the engine samples
@@ -44,8 +52,7 @@ def token_logps(logits: np.ndarray, tokens: list, valid: int | None) -> np.ndarr
     z = np.asarray(logits, np.float64)
     if valid is not None:
         z = z[..., :valid]
-    top = z.max(-1, keepdims=True)
-    normalizer = top[..., 0] + np.log(np.exp(z - top).sum(-1))
+    normalizer = logsumexp(z)
     out = np.zeros(z.shape[:2])
     for i, row in enumerate(tokens):
         ids = np.asarray(row)[: z.shape[1]]

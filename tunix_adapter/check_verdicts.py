@@ -269,13 +269,8 @@ def padded_log_mass(logits: np.ndarray, valid: int) -> np.ndarray:
     """`-log(1 - m)` per position `[B, L]`, `m` the probability the trainer's (temperature-
     scaled) logits `[B, L, V]` put on ids `>= valid`: what the trainer's logprob of any id below
     `valid` lacks against the engine's, which renormalises over those ids."""
-
-    def logsumexp(z: np.ndarray) -> np.ndarray:
-        top = z.max(-1, keepdims=True)
-        return top[..., 0] + np.log(np.exp(z - top).sum(-1))
-
     z = logits.astype(np.float64)
-    return logsumexp(z) - logsumexp(z[..., :valid])
+    return check_exact.logsumexp(z) - check_exact.logsumexp(z[..., :valid])
 
 
 def _vocab(rollout) -> int:
