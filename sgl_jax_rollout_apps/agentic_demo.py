@@ -2,7 +2,7 @@
 tasks, with either rollout.
 
 Owns what an agentic run adds to a demo run: its learner (`learner`), the sizes of its episodes
-and engine (`episode_tokens`, `prompt_tokens`, `ENGINE_SETTINGS`), its per-step metrics
+and engine (`episode_tokens`, `prompt_tokens`, `engine_settings`), its per-step metrics
 (`episode_metrics`) and, with a tool, the held-out evaluation of whole episodes
 (`tool_accuracy`).
 
@@ -33,21 +33,24 @@ import numpy as np
 # again); what a tool's output adds to the episode between two turns, at most.
 TOOL_STEPS = 3
 TOOL_OUTPUT_TOKENS = 32
-# An episode's first prompt (the built-in model's tokenizer spends a token on every few
-# characters), and the calculator's JSON schema in the system message.
+# A single-turn episode's prompt (the built-in model's tokenizer spends a token on every few
+# characters); a tool episode's first prompt is measured (`prompt_tokens`).
 FIRST_PROMPT_TOKENS = 128
-TOOL_SCHEMA_TOKENS = 256
-# tunix's orchestrator sends one chat a call; the engine batches the calls of `max_concurrency`
-# episodes (16 by default). Sized for CPU: tools put their JSON schema (about 200 tokens) in
-# every prompt, and an episode's later turns hold its earlier ones.
-ENGINE_SETTINGS = dict(
-    max_running_requests=32,
-    precompile_bs_paddings=(4, 16, 32),
-    precompile_token_paddings=(512, 2048),
-    max_prefill_tokens=2048,
-    context_length=1024,
-    max_total_tokens=16384,
-)
+
+
+def engine_settings(prompt_tokens: int) -> dict[str, Any]:
+    """The engine's settings for episodes whose turns' prompts hold up to `prompt_tokens`.
+    tunix's orchestrator sends one chat a call; the engine batches the calls of
+    `max_concurrency` episodes (16 by default). Sized for CPU; the context holds the longest
+    prompt, whose turn then samples within what is left of the episode's budget."""
+    return dict(
+        max_running_requests=32,
+        precompile_bs_paddings=(4, 16, 32),
+        precompile_token_paddings=(512, 2048),
+        max_prefill_tokens=2048,
+        context_length=max(1024, _round_up(prompt_tokens, 256)),
+        max_total_tokens=16384,
+    )
 
 
 def episode_tokens(config: Any) -> int:
@@ -58,12 +61,49 @@ def episode_tokens(config: Any) -> int:
     return TOOL_STEPS * config.max_tokens + (TOOL_STEPS - 1) * TOOL_OUTPUT_TOKENS
 
 
-def prompt_tokens(config: Any) -> int:
+def prompt_tokens(config: Any, tokenizer: Any) -> int:
     """The longest prompt of an episode's turn: the first (a system message, tunix's default
-    Qwen one where the task has none, and the question), and with tools also the system
-    message's tool schema and every turn but the last."""
-    first = FIRST_PROMPT_TOKENS
-    return first if config.tools is None else first + TOOL_SCHEMA_TOKENS + episode_tokens(config)
+    Qwen one where the task has none, and the question), and with tools also every turn but the
+    last. A tool episode's first prompt holds the calculator's JSON schema: it is measured, the
+    widest question's rendered as training renders it and encoded by `tokenizer` (the model's
+    Hugging Face tokenizer), plus a few tokens for a question that encodes longer, rounded up
+    to 64 (SmolLM2-135M-Instruct: 367 tokens; the built-in model's tokenizer, a token every
+    1.4 characters: 1,112)."""
+    if config.tools is None:
+        return FIRST_PROMPT_TOKENS
+    from sgl_jax_rollout_apps.tasks import task
+    from tunix_adapter.agentic import ToolPromptChatParser
+
+    widest = task(config.task).operand_range[1]
+    agent, _ = tool_episode(f"{widest} + {widest} =", str(2 * widest))
+    first = ToolPromptChatParser(tokenizer).parse(
+        agent.chat_completions, add_generation_prompt=True, is_first_msg=True
+    )
+    return _round_up(len(tokenizer(first)["input_ids"]) + 8, 64) + episode_tokens(config)
+
+
+def _round_up(tokens: int, multiple: int) -> int:
+    return -(-tokens // multiple) * multiple
+
+
+def tool_episode(question: str, answer: str) -> tuple[Any, Any]:
+    """A calculator episode on `question`, reset: (tunix's `ToolAgent` under the arithmetic
+    task's system message, holding the first prompt's chat; `ScalarToolEnvironment`)."""
+    from sgl_jax_rollout import tunix_compat as tc
+    from sgl_jax_rollout_apps.tasks import task
+    from tunix_adapter.agentic import ScalarToolEnvironment
+
+    tools = _tools()
+    agent = tc.ToolAgent(system_prompt=task("arithmetic").system, tool_map=tools)
+    env = ScalarToolEnvironment(
+        {"prompts": question, "answer": answer},
+        tool_map=tools,
+        reward_fn=_answer_reward,
+        max_steps=TOOL_STEPS,
+    )
+    observation, info = env.reset()
+    agent.update_from_env(observation=observation, reward=0.0, done=False, info=info)
+    return agent, env
 
 
 def _tools() -> dict[str, Any]:
@@ -167,24 +207,13 @@ def tool_accuracy(
     and calculator, `ScalarToolEnvironment`, at most `TOOL_STEPS` turns of `turn_tokens`), each
     turn's prompt the chat rendered as text: {"accuracy": share of episodes whose final answer
     is right, "tool_call_share": share that called the tool}."""
-    from sgl_jax_rollout import tunix_compat as tc
-    from sgl_jax_rollout_apps.tasks import task
-    from tunix_adapter.agentic import ScalarToolEnvironment, ToolPromptChatParser
+    from tunix_adapter.agentic import ToolPromptChatParser
 
-    tools = _tools()
     parser = ToolPromptChatParser(tokenizer)
     greedy = dataclasses.replace(config, top_p=None, top_k=None, max_tokens_to_generate=turn_tokens)
     episodes = []
     for question, answer in zip(questions, answers, strict=True):
-        agent = tc.ToolAgent(system_prompt=task("arithmetic").system, tool_map=tools)
-        env = ScalarToolEnvironment(
-            {"prompts": question, "answer": answer},
-            tool_map=tools,
-            reward_fn=_answer_reward,
-            max_steps=TOOL_STEPS,
-        )
-        observation, info = env.reset()
-        agent.update_from_env(observation=observation, reward=0.0, done=False, info=info)
+        agent, env = tool_episode(question, answer)
         episodes.append({"agent": agent, "env": env, "reward": 0.0, "called": False})
     running = list(episodes)
     while running:

@@ -155,8 +155,8 @@ def build(config: DemoConfig):
         from sgl_jax_rollout_apps import agentic_demo
 
         max_tokens = agentic_demo.episode_tokens(config)  # tunix asks for max_response_length
-        prompt_tokens = agentic_demo.prompt_tokens(config)
-        settings = agentic_demo.ENGINE_SETTINGS
+        prompt_tokens = agentic_demo.prompt_tokens(config, _tokenizer(model_path))
+        settings = agentic_demo.engine_settings(prompt_tokens)
         if config.release_memory == "auto":  # episodes may be sampled while the trainer updates
             release = False
     rollout_config = RolloutConfig(
@@ -219,17 +219,24 @@ def _real_model(config: DemoConfig) -> str:
     return str(real_model_dir(progress=progress if config.show_progress else None, model=name))
 
 
+def _tokenizer(model_path: str | None) -> Any:
+    """The Hugging Face tokenizer of `model_path` (default: the built-in model), read before
+    the engine starts."""
+    from transformers import AutoTokenizer
+
+    from sgl_jax_rollout.tiny_model import default_model_dir
+
+    return AutoTokenizer.from_pretrained(model_path or default_model_dir())
+
+
 def _task_stop_ids(config: DemoConfig, model_path: str | None) -> list[int]:
     """The rollout's `eos_tokens` for the task's prompt style: none (the model's EOS ids) for
     chat prompts; the EOS id and `tasks.stop_ids` for few-shot ones (tunix's vanilla sampler
     stops at `eos_tokens` alone, ours at them and the model's EOS ids). ValueError for a style
     the tokenizer cannot give, before the engine is started."""
-    from transformers import AutoTokenizer
-
-    from sgl_jax_rollout.tiny_model import default_model_dir
     from sgl_jax_rollout_apps.tasks import prompt_style, stop_ids
 
-    tokenizer = AutoTokenizer.from_pretrained(model_path or default_model_dir())
+    tokenizer = _tokenizer(model_path)
     style = prompt_style(config.prompt_style, tokenizer)
     stops = stop_ids(tokenizer, style)
     log.info("task prompts: %s style, stop ids %s", style, stops or "the model's EOS")

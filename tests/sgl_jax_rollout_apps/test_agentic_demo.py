@@ -74,3 +74,29 @@ def test_tool_episodes_are_scored_on_their_final_answer_and_count_the_tool_calle
 
 def _chunks(n: int, size: int) -> list[int]:
     return [min(size, n - start) for start in range(0, n, size)]
+
+
+def test_a_tool_episodes_prompts_are_sized_by_the_models_tokenizer():
+    # the calculator's schema is 1,112 tokens under the built-in model's tokenizer (367 under
+    # SmolLM2's): a fixed budget cut every first prompt from the left, schema first
+    from transformers import AutoTokenizer
+
+    from sgl_jax_rollout.tiny_model import default_model_dir
+    from sgl_jax_rollout_apps import agentic_demo
+    from sgl_jax_rollout_apps.tasks import task
+    from tunix_adapter.agentic import ToolPromptChatParser
+
+    tokenizer = AutoTokenizer.from_pretrained(default_model_dir())
+    config = types.SimpleNamespace(tools="calculator", task="arithmetic", max_tokens=48)
+    budget = agentic_demo.prompt_tokens(config, tokenizer)
+    first_budget = budget - agentic_demo.episode_tokens(config)
+    parser = ToolPromptChatParser(tokenizer)
+    longest = 0
+    for problem in task("arithmetic").held_out(50, seed=0):
+        agent, _ = agentic_demo.tool_episode(problem.question, problem.answer)
+        text = parser.parse(agent.chat_completions, add_generation_prompt=True, is_first_msg=True)
+        longest = max(longest, len(tokenizer(text)["input_ids"]))
+    assert 1_000 < longest <= first_budget < longest + 128
+    assert agentic_demo.engine_settings(budget)["context_length"] >= budget
+    single_turn = types.SimpleNamespace(tools=None, task="arithmetic", max_tokens=48)
+    assert agentic_demo.prompt_tokens(single_turn, tokenizer) == agentic_demo.FIRST_PROMPT_TOKENS
