@@ -18,7 +18,10 @@ the same number of tokens), tokens/s as the median of >= 5 runs after a warm-up 
 Every engine column runs on an engine of its own in a process of its own (`columns`), all
 started first and then timed in turns (`turns`): in each run every column makes one call, in
 an order rotated from run to run, so a drift in the machine's speed reaches all alike; the
-runs are spread over `starts` starts of every engine (`STARTS`), whose speeds differ.
+runs are spread over `starts` starts of every engine (`STARTS`), whose speeds differ. Off TPU
+our columns run our paged attention and `tunix_sglang_jax` / `sgl_jax_stock` sgl-jax's native
+one (each engine as its user gets it), so their tokens/s differ mostly by the attention there;
+the host and sampler milliseconds compare the parts a TPU, where all run one kernel, keeps.
 Plus `ratios`, `recompiles_after_warmup` (10 calls that vary every sampling setting, after one
 warm-up pass over the same 10 modes) and `host_ms_per_decode_step`: engine wall time per
 model step minus the time in the jitted model and sampler calls (`engine.profiling`), ours

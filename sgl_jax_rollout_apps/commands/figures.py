@@ -20,8 +20,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "figures",
         help="run the commands behind the README's figures again and fail where a figure "
         "moved past its noise",
-        description="Each figure of the README's table is read from the output of the "
-        "command its row names (a source); the sources chosen run once each, in a process of "
+        description="Each figure of the README is read from the output of the "
+        "command that measures it (a source); the sources chosen run once each, in a process of "
         "their own, one after the other, so run it on a quiet machine. Prints a JSON report "
         "(the README's value, the fresh one, the allowed spread, per figure); exits 1 when a "
         "figure moved past its noise or a source gave no output.",

@@ -48,9 +48,9 @@ class Source:
 
 @dataclass(frozen=True)
 class Figure:
-    """One number of the README's table and how a fresh run gives it. `readme`: the README's
-    words, the figure in brackets ("16 calls at once: [0.185] s"); the fresh value is
-    `source`'s `key` (dotted for JSON), divided by `over`'s when set. `noise`:
+    """One number of the README (its table's or its prose's) and how a fresh run gives it.
+    `readme`: the README's words, the figure in brackets ("16 calls at once: [0.185] s"); the
+    fresh value is `source`'s `key` (dotted for JSON), divided by `over`'s when set. `noise`:
     how far a fresh run may move it, relative to the figure; `floor`: in absolute units, for
     figures near 0. `bound`: `upper` for a bound a smaller value keeps (an error, a count of
     faults), `lower` for one a larger value keeps (an agreement share)."""
