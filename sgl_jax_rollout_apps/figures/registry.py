@@ -62,7 +62,7 @@ SOURCES = (
            model="smollm2"),
     Source("make demo-real MODEL=gemma3-270m",
            ("demo", "--task", "arithmetic", "--rollout", "both", "--model", "gemma3-270m",
-            "--out", "{out}"), "json", 66, file="summary.json"),
+            "--out", "{out}"), "json", 44, file="summary.json"),
 )
 
 FIGURES = (
@@ -106,9 +106,9 @@ FIGURES = (
            "sglang_jax.accuracy_before", SEEDED),
     Figure("-> [0.565] in 20 steps", "make demo-real MODEL=gemma3-270m",
            "sglang_jax.accuracy_after", SEEDED),
-    Figure("rollout phase [4.6] s", "make demo-real MODEL=gemma3-270m",
+    Figure("rollout phase [2.6] s", "make demo-real MODEL=gemma3-270m",
            "sglang_jax.phases_median_s.rollout_s", TIME),
-    Figure("against [25.3] s", "make demo-real MODEL=gemma3-270m",
+    Figure("against [17.4] s", "make demo-real MODEL=gemma3-270m",
            "vanilla.phases_median_s.rollout_s", TIME),
     Figure("the same task: [0.305]", "demo --learner agentic", "accuracy_before", SEEDED),
     Figure("-> [0.690] in 40 steps", "demo --learner agentic", "accuracy_after", SEEDED),
