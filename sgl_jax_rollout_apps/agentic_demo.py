@@ -2,7 +2,8 @@
 tasks, with either rollout.
 
 Owns what an agentic run adds to a demo run: its learner (`learner`), the sizes of its episodes
-and engine (`episode_tokens`, `prompt_tokens`, `engine_settings`), its per-step metrics
+and engine (`episode_tokens`, `first_prompt_tokens`, `turn_prompt_tokens`, `context_tokens`,
+`prompt_tokens`, `engine_settings`), its per-step metrics
 (`episode_metrics`) and, with a tool, the held-out evaluation of whole episodes
 (`tool_accuracy`).
 
@@ -34,21 +35,21 @@ import numpy as np
 TOOL_STEPS = 3
 TOOL_OUTPUT_TOKENS = 32
 # A single-turn episode's prompt (the built-in model's tokenizer spends a token on every few
-# characters); a tool episode's first prompt is measured (`prompt_tokens`).
+# characters); a tool episode's first prompt is measured (`first_prompt_tokens`).
 FIRST_PROMPT_TOKENS = 128
 
 
-def engine_settings(prompt_tokens: int) -> dict[str, Any]:
-    """The engine's settings for episodes whose turns' prompts hold up to `prompt_tokens`.
+def engine_settings(episode_context: int) -> dict[str, Any]:
+    """The engine's settings for episodes of up to `episode_context` tokens (`context_tokens`).
     tunix's orchestrator sends one chat a call; the engine batches the calls of
-    `max_concurrency` episodes (16 by default). Sized for CPU; the context holds the longest
-    prompt, whose turn then samples within what is left of the episode's budget."""
+    `max_concurrency` episodes (16 by default). Sized for CPU; the context holds a whole
+    episode, so its last turn's prompt with what is left of the budget."""
     return dict(
         max_running_requests=32,
         precompile_bs_paddings=(4, 16, 32),
         precompile_token_paddings=(512, 2048),
         max_prefill_tokens=2048,
-        context_length=max(1024, _round_up(prompt_tokens, 256)),
+        context_length=max(1024, _round_up(episode_context, 256)),
         max_total_tokens=16384,
     )
 
@@ -61,14 +62,13 @@ def episode_tokens(config: Any) -> int:
     return TOOL_STEPS * config.max_tokens + (TOOL_STEPS - 1) * TOOL_OUTPUT_TOKENS
 
 
-def prompt_tokens(config: Any, tokenizer: Any) -> int:
-    """The longest prompt of an episode's turn: the first (a system message, tunix's default
-    Qwen one where the task has none, and the question), and with tools also every turn but the
-    last. A tool episode's first prompt holds the calculator's JSON schema: it is measured, the
-    widest question's rendered as training renders it and encoded by `tokenizer` (the model's
-    Hugging Face tokenizer), plus a few tokens for a question that encodes longer, rounded up
-    to 64 (SmolLM2-135M-Instruct: 367 tokens; the built-in model's tokenizer, a token every
-    1.4 characters: 1,112)."""
+def first_prompt_tokens(config: Any, tokenizer: Any) -> int:
+    """An episode's first prompt, at most: a system message (tunix's default Qwen one where
+    the task has none) and the question. A tool episode's holds the calculator's JSON schema:
+    it is measured, the widest question's rendered as training renders it and encoded by
+    `tokenizer` (the model's Hugging Face tokenizer), plus a few tokens for a question that
+    encodes longer, rounded up to 64 (SmolLM2-135M-Instruct: 367 tokens; the built-in
+    model's tokenizer, a token every 1.4 characters: 1,112)."""
     if config.tools is None:
         return FIRST_PROMPT_TOKENS
     from sgl_jax_rollout_apps.tasks import task
@@ -79,7 +79,30 @@ def prompt_tokens(config: Any, tokenizer: Any) -> int:
     first = ToolPromptChatParser(tokenizer).parse(
         agent.chat_completions, add_generation_prompt=True, is_first_msg=True
     )
-    return _round_up(len(tokenizer(first)["input_ids"]) + 8, 64) + episode_tokens(config)
+    return _round_up(len(tokenizer(first)["input_ids"]) + 8, 64)
+
+
+def turn_prompt_tokens(config: Any, tokenizer: Any) -> int:
+    """A turn's prompt, at most: the first prompt and, with tools, every turn but the last
+    with the tools' outputs between them (the held-out evaluation, and tunix's text path,
+    render each turn's prompt whole)."""
+    return first_prompt_tokens(config, tokenizer) + episode_tokens(config) - config.max_tokens
+
+
+def context_tokens(config: Any, tokenizer: Any) -> int:
+    """An episode, at most: its first prompt and tunix's `max_response_length`."""
+    return first_prompt_tokens(config, tokenizer) + episode_tokens(config)
+
+
+def prompt_tokens(config: Any, tokenizer: Any, token_in: bool) -> int:
+    """The rollout's `max_prompt_length`, to which tunix's agentic learner also left-pads every
+    episode's first prompt when it trains (`agentic_grpo_learner.py:385-392` at 0.1.7: a row
+    is this plus `max_response_length`). Token in (our rollout, `AgenticModelCall`), a later
+    turn goes to the engine as ids and is never cut, so the first prompt is enough; on the
+    text path (tunix's vanilla rollout) every turn's prompt meets it (`turn_prompt_tokens`)."""
+    if token_in:
+        return first_prompt_tokens(config, tokenizer)
+    return turn_prompt_tokens(config, tokenizer)
 
 
 def _round_up(tokens: int, multiple: int) -> int:
@@ -155,7 +178,7 @@ def learner(config: Any, cluster: Any, reward: Any) -> Any:
             beta=0.0,
             off_policy_steps=config.off_policy_steps,
         ),
-        chat_parser=ToolPromptChatParser(_hf_tokenizer(cluster)),  # tunix's, tool tags kept
+        chat_parser=ToolPromptChatParser(hf_tokenizer(cluster)),  # tunix's, tool tags kept
         metric_fns=[episode_metrics(bool(config.tools))],
         **episodes,
     )
@@ -165,9 +188,15 @@ def learner(config: Any, cluster: Any, reward: Any) -> Any:
     return built
 
 
-def _hf_tokenizer(cluster: Any) -> Any:
-    """The Hugging Face tokenizer under the cluster's (tunix wraps it in an adapter)."""
-    return getattr(cluster.tokenizer, "tokenizer", cluster.tokenizer)
+def hf_tokenizer(cluster: Any) -> Any:
+    """The Hugging Face tokenizer under the cluster's (tunix's adapter, and ours that picks a
+    safe pad id, wrap it)."""
+    from sgl_jax_rollout.tunix_compat import TokenizerAdapter
+
+    tokenizer = cluster.tokenizer
+    while isinstance(tokenizer, TokenizerAdapter):
+        tokenizer = tokenizer.tokenizer
+    return tokenizer
 
 
 def _calls_tool(parser: Any, text: str) -> bool:

@@ -63,6 +63,11 @@ class TaskRun:
         self._agentic = config.learner == "agentic"
         self._phases = {k: v for k, v in PHASES.items() if not (self._agentic and k == "rollout_s")}
         self._tokenizer = tokenizer
+        if config.tools:  # each turn's prompt is the chat as text, longer than the first
+            from sgl_jax_rollout_apps import agentic_demo
+
+            turn = agentic_demo.turn_prompt_tokens(config, agentic_demo.hf_tokenizer(cluster))
+            self._tool_turns = dataclasses.replace(rollout_config, max_prompt_length=turn)
         self._train = self.task.stream(config.seed, exclude=held_out)
         self.extra_batches: list[int] = []  # per step: batches dynamic sampling drew
         self.evals: list[dict[str, float]] = []
@@ -128,7 +133,7 @@ class TaskRun:
                 self._tokenizer,
                 self._eval_questions,
                 self._eval_answers,
-                self.rollout_config,
+                self._tool_turns,
                 self.config.max_tokens,
                 rows,
             )

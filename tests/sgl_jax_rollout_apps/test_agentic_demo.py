@@ -4,7 +4,9 @@ answer, with the share that called the tool.
 The rollout here is a scripted test double, and it says so: the test is about our episode loop
 around tunix's `ToolAgent`, its calculator and Qwen tool parser and our `ScalarToolEnvironment`
 (the chat each turn is asked, what the tool answered, when an episode ends and how it is
-scored). The engine's tool episodes: tests/tunix_adapter/test_agentic_engine.py."""
+scored). The engine's tool episodes: tests/tunix_adapter/test_agentic_engine.py. And the
+demo's prompt budgets: a tool episode's measured with the model's tokenizer, the rollout's
+`max_prompt_length` token in and on tunix's text path."""
 
 from __future__ import annotations
 
@@ -78,25 +80,51 @@ def _chunks(n: int, size: int) -> list[int]:
 
 def test_a_tool_episodes_prompts_are_sized_by_the_models_tokenizer():
     # the calculator's schema is 1,112 tokens under the built-in model's tokenizer (367 under
-    # SmolLM2's): a fixed budget cut every first prompt from the left, schema first
+    # SmolLM2's): a fixed budget cut every first prompt from the left, schema first. tunix pads
+    # every trained row's first prompt to the rollout's max_prompt_length: token in, later
+    # turns go as ids and are never cut, so it is the first prompt's; the text path cuts every
+    # turn's prompt to it, so it holds the turns before the last
     from transformers import AutoTokenizer
 
     from sgl_jax_rollout.tiny_model import default_model_dir
-    from sgl_jax_rollout_apps import agentic_demo
+    from sgl_jax_rollout_apps import agentic_demo as demo
     from sgl_jax_rollout_apps.tasks import task
     from tunix_adapter.agentic import ToolPromptChatParser
 
     tokenizer = AutoTokenizer.from_pretrained(default_model_dir())
     config = types.SimpleNamespace(tools="calculator", task="arithmetic", max_tokens=48)
-    budget = agentic_demo.prompt_tokens(config, tokenizer)
-    first_budget = budget - agentic_demo.episode_tokens(config)
+    first = demo.first_prompt_tokens(config, tokenizer)
     parser = ToolPromptChatParser(tokenizer)
     longest = 0
     for problem in task("arithmetic").held_out(50, seed=0):
-        agent, _ = agentic_demo.tool_episode(problem.question, problem.answer)
+        agent, _ = demo.tool_episode(problem.question, problem.answer)
         text = parser.parse(agent.chat_completions, add_generation_prompt=True, is_first_msg=True)
         longest = max(longest, len(tokenizer(text)["input_ids"]))
-    assert 1_000 < longest <= first_budget < longest + 128
-    assert agentic_demo.engine_settings(budget)["context_length"] >= budget
+    assert 1_000 < longest <= first < longest + 128
+    episode = demo.episode_tokens(config)  # 3 turns of 48, 2 tool outputs of 32
+    assert demo.prompt_tokens(config, tokenizer, token_in=True) == first
+    turn = demo.turn_prompt_tokens(config, tokenizer)
+    assert demo.prompt_tokens(config, tokenizer, token_in=False) == turn == first + episode - 48
+    context = demo.engine_settings(demo.context_tokens(config, tokenizer))["context_length"]
+    assert context >= first + episode == turn + 48  # the last turn's prompt and its tokens
     single_turn = types.SimpleNamespace(tools=None, task="arithmetic", max_tokens=48)
-    assert agentic_demo.prompt_tokens(single_turn, tokenizer) == agentic_demo.FIRST_PROMPT_TOKENS
+    for token_in in (True, False):
+        assert demo.prompt_tokens(single_turn, tokenizer, token_in) == demo.FIRST_PROMPT_TOKENS
+
+
+def test_the_cluster_tokenizer_is_unwrapped_to_the_models_own():
+    # a cluster's tokenizer is tunix's adapter around ours (a safe pad id) around the model's;
+    # the prompt budgets encode with the model's (the adapters are not callable)
+    from transformers import AutoTokenizer
+
+    from sgl_jax_rollout.pad_id import pad_safe
+    from sgl_jax_rollout.tiny_model import default_model_dir
+    from sgl_jax_rollout.tunix_compat import TokenizerAdapter
+    from sgl_jax_rollout_apps import agentic_demo
+
+    raw = AutoTokenizer.from_pretrained(default_model_dir())
+    wrapped = TokenizerAdapter(pad_safe(raw, len(raw), []))
+    unwrapped = agentic_demo.hf_tokenizer(types.SimpleNamespace(tokenizer=wrapped))
+    assert unwrapped is raw
+    config = types.SimpleNamespace(tools="calculator", task="arithmetic", max_tokens=48)
+    assert agentic_demo.first_prompt_tokens(config, unwrapped) > 1_000
