@@ -82,27 +82,26 @@ def first_prompt_tokens(config: Any, tokenizer: Any) -> int:
     return _round_up(len(tokenizer(first)["input_ids"]) + 8, 64)
 
 
-def turn_prompt_tokens(config: Any, tokenizer: Any) -> int:
-    """A turn's prompt, at most: the first prompt and, with tools, every turn but the last
-    with the tools' outputs between them (the held-out evaluation, and tunix's text path,
-    render each turn's prompt whole)."""
-    return first_prompt_tokens(config, tokenizer) + episode_tokens(config) - config.max_tokens
+def turn_prompt_tokens(config: Any, first: int) -> int:
+    """A turn's prompt, at most: the first prompt (`first`, from `first_prompt_tokens`) and,
+    with tools, every turn but the last with the tools' outputs between them (the held-out
+    evaluation, and tunix's text path, render each turn's prompt whole)."""
+    return first + episode_tokens(config) - config.max_tokens
 
 
-def context_tokens(config: Any, tokenizer: Any) -> int:
-    """An episode, at most: its first prompt and tunix's `max_response_length`."""
-    return first_prompt_tokens(config, tokenizer) + episode_tokens(config)
+def context_tokens(config: Any, first: int) -> int:
+    """An episode, at most: its first prompt (`first`) and tunix's `max_response_length`."""
+    return first + episode_tokens(config)
 
 
-def prompt_tokens(config: Any, tokenizer: Any, token_in: bool) -> int:
-    """The rollout's `max_prompt_length`, to which tunix's agentic learner also left-pads every
-    episode's first prompt when it trains (`agentic_grpo_learner.py:385-392` at 0.1.7: a row
-    is this plus `max_response_length`). Token in (our rollout, `AgenticModelCall`), a later
-    turn goes to the engine as ids and is never cut, so the first prompt is enough; on the
-    text path (tunix's vanilla rollout) every turn's prompt meets it (`turn_prompt_tokens`)."""
-    if token_in:
-        return first_prompt_tokens(config, tokenizer)
-    return turn_prompt_tokens(config, tokenizer)
+def prompt_tokens(config: Any, first: int, token_in: bool) -> int:
+    """The rollout's `max_prompt_length` (`first`: the first prompt's budget), to which
+    tunix's agentic learner also left-pads every episode's first prompt when it trains
+    (`agentic_grpo_learner.py:385-392` at 0.1.7: a row is this plus `max_response_length`).
+    Token in (our rollout, `AgenticModelCall`), a later turn goes to the engine as ids and is
+    never cut, so the first prompt is enough; on the text path (tunix's vanilla rollout) every
+    turn's prompt meets it (`turn_prompt_tokens`)."""
+    return first if token_in else turn_prompt_tokens(config, first)
 
 
 def _round_up(tokens: int, multiple: int) -> int:

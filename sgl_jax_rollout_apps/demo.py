@@ -154,11 +154,11 @@ def build(config: DemoConfig):
     if config.learner == "agentic":
         from sgl_jax_rollout_apps import agentic_demo
 
-        tokenizer = _tokenizer(model_path)
+        first = agentic_demo.first_prompt_tokens(config, _tokenizer(model_path))
         max_tokens = agentic_demo.episode_tokens(config)  # tunix asks for max_response_length
         token_in = config.rollout == "sglang_jax"  # `agentic_demo.learner` serves it so
-        prompt_tokens = agentic_demo.prompt_tokens(config, tokenizer, token_in)
-        settings = agentic_demo.engine_settings(agentic_demo.context_tokens(config, tokenizer))
+        prompt_tokens = agentic_demo.prompt_tokens(config, first, token_in)
+        settings = agentic_demo.engine_settings(agentic_demo.context_tokens(config, first))
         if config.release_memory == "auto":  # episodes may be sampled while the trainer updates
             release = False
     rollout_config = RolloutConfig(

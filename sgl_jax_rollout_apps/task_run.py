@@ -66,7 +66,8 @@ class TaskRun:
         if config.tools:  # each turn's prompt is the chat as text, longer than the first
             from sgl_jax_rollout_apps import agentic_demo
 
-            turn = agentic_demo.turn_prompt_tokens(config, agentic_demo.hf_tokenizer(cluster))
+            first = agentic_demo.first_prompt_tokens(config, agentic_demo.hf_tokenizer(cluster))
+            turn = agentic_demo.turn_prompt_tokens(config, first)
             self._tool_turns = dataclasses.replace(rollout_config, max_prompt_length=turn)
         self._train = self.task.stream(config.seed, exclude=held_out)
         self.extra_batches: list[int] = []  # per step: batches dynamic sampling drew

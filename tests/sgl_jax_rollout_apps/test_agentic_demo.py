@@ -102,14 +102,16 @@ def test_a_tool_episodes_prompts_are_sized_by_the_models_tokenizer():
         longest = max(longest, len(tokenizer(text)["input_ids"]))
     assert 1_000 < longest <= first < longest + 128
     episode = demo.episode_tokens(config)  # 3 turns of 48, 2 tool outputs of 32
-    assert demo.prompt_tokens(config, tokenizer, token_in=True) == first
-    turn = demo.turn_prompt_tokens(config, tokenizer)
-    assert demo.prompt_tokens(config, tokenizer, token_in=False) == turn == first + episode - 48
-    context = demo.engine_settings(demo.context_tokens(config, tokenizer))["context_length"]
+    assert demo.prompt_tokens(config, first, token_in=True) == first
+    turn = demo.turn_prompt_tokens(config, first)
+    assert demo.prompt_tokens(config, first, token_in=False) == turn == first + episode - 48
+    context = demo.engine_settings(demo.context_tokens(config, first))["context_length"]
     assert context >= first + episode == turn + 48  # the last turn's prompt and its tokens
     single_turn = types.SimpleNamespace(tools=None, task="arithmetic", max_tokens=48)
+    single_first = demo.first_prompt_tokens(single_turn, tokenizer)
+    assert single_first == demo.FIRST_PROMPT_TOKENS
     for token_in in (True, False):
-        assert demo.prompt_tokens(single_turn, tokenizer, token_in) == demo.FIRST_PROMPT_TOKENS
+        assert demo.prompt_tokens(single_turn, single_first, token_in) == single_first
 
 
 def test_the_cluster_tokenizer_is_unwrapped_to_the_models_own():
