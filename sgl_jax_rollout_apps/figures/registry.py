@@ -64,7 +64,7 @@ SOURCES = (
            file="summary.json"),
     Source("bench attention SmolLM2",
            ("bench", "attention", "--model-path", "{model}", "--json"), "json", 63,
-           model="smollm2"),
+           model="smollm2-135m-instruct"),
     Source("make demo-real MODEL=gemma3-270m",
            ("demo", "--task", "arithmetic", "--rollout", "both", "--model", "gemma3-270m",
             "--out", "{out}"), "json", 44, file="summary.json"),

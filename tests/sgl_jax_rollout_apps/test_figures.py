@@ -54,6 +54,15 @@ def test_every_source_is_a_command_the_cli_accepts():
         cli.parse(["bench", "tail", "--runs", "1"])
 
 
+def test_every_source_names_a_model_the_runner_builds():
+    # a source's `model` is "builtin" or a real checkpoint's name (`real_model.MODELS`): the
+    # runner builds its directory before the command starts ("smollm2" once stopped it there)
+    from sgl_jax_rollout_apps.real_model import MODELS
+
+    named = {source.model for source in SOURCES} - {None}
+    assert named and named <= {"builtin", *MODELS}, named - {"builtin", *MODELS}
+
+
 def test_the_figure_is_the_bracketed_number():
     figure = Figure("16 calls at once: [0.185] s", "s", "k", 0.5)
     assert figure.text == "16 calls at once: 0.185 s"
