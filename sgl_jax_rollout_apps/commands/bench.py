@@ -66,6 +66,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "per variant, >= 3 (default: sampler 20, grpo 5, agentic 4)",
     )
     bench.add_argument(
+        "--tokens",
+        type=int,
+        default=None,
+        help="agentic: tokens per episode at most, in [1, 1,024] (default: 16)",
+    )
+    bench.add_argument(
         "--runs",
         type=int,
         default=5,
@@ -166,6 +172,13 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
             args.variants = check_variants(tuple(filter(None, args.variants.split(","))))
         except ValueError as err:
             parser.error(f"--variants: {err}")
+    if args.tokens is not None:
+        from sgl_jax_rollout_apps.bench.agentic_bench import MAX_TOKENS
+
+        if args.target != "agentic":
+            parser.error(f"--tokens applies to bench agentic, not bench {args.target}")
+        if not 1 <= args.tokens <= MAX_TOKENS:
+            parser.error(f"--tokens must be in [1, {MAX_TOKENS}], got {args.tokens}")
     if not 0 <= args.real_size_layers <= 28:
         parser.error(f"--real-size-layers must be in [0, 28], got {args.real_size_layers}")
     if args.target == "sampler":
@@ -218,7 +231,10 @@ def _bench(args: argparse.Namespace) -> int:
         from sgl_jax_rollout_apps.bench import agentic_bench
 
         result = agentic_bench.run(
-            model_dir=args.model_path, steps=args.steps, real_size_layers=args.real_size_layers
+            model_dir=args.model_path,
+            steps=args.steps,
+            real_size_layers=args.real_size_layers,
+            tokens=args.tokens or agentic_bench.TOKENS,
         )
     elif args.target == "lora":
         from sgl_jax_rollout_apps.bench import lora_bench

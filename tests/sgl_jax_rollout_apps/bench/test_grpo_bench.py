@@ -44,6 +44,23 @@ def test_steps_below_each_targets_floor_exit_2(target, steps, lowest, capsys):
     assert f"--steps must be >= {lowest} for bench {target}" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["agentic", "--tokens", "0"], "--tokens must be in [1, 1024], got 0"),
+        (["agentic", "--tokens", "1025"], "--tokens must be in [1, 1024], got 1025"),
+        (["grpo", "--tokens", "64"], "--tokens applies to bench agentic, not bench grpo"),
+    ],
+)
+def test_agentic_tokens_out_of_range_or_on_another_target_exit_2(argv, message, capsys):
+    from sgl_jax_rollout_apps.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["bench", *argv])
+    assert exited.value.code == 2
+    assert message in capsys.readouterr().err
+
+
 def test_workers_pool_each_variants_steps_in_turn_and_a_failure_fails_it():
     from sgl_jax_rollout_apps.bench.grpo_bench import _pooled
 
