@@ -37,6 +37,12 @@ ROLLOUTS = ("sglang_jax", "vanilla")
 OFF_POLICY_STEPS = (0, 1)
 
 
+def check_tokens(tokens: int) -> None:
+    """ValueError naming `--tokens` and its range unless `tokens` is an episode's length here."""
+    if not 1 <= tokens <= MAX_TOKENS:
+        raise ValueError(f"--tokens must be in [1, {MAX_TOKENS}], got {tokens}")
+
+
 def _variant(model_dir: Path, rollout: str, off_policy_steps: int, steps: int, tokens: int) -> dict:
     """One agentic run of `WARMUP + steps + 1` updates: its step times after the warm-up."""
     from sgl_jax_rollout_apps import demo
@@ -116,8 +122,7 @@ def run(
     steps = STEPS if steps is None else steps
     if steps < 3:
         raise ValueError(f"steps must be >= 3 (timed agentic steps), got {steps}")
-    if not 1 <= tokens <= MAX_TOKENS:
-        raise ValueError(f"tokens must be in [1, {MAX_TOKENS}] (an episode's), got {tokens}")
+    check_tokens(tokens)
     models = {"built_in": Path(model_dir) if model_dir else default_model_dir()}
     if real_size_layers:
         models["real_size"] = real_size_model_dir(real_size_layers)

@@ -173,12 +173,14 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         except ValueError as err:
             parser.error(f"--variants: {err}")
     if args.tokens is not None:
-        from sgl_jax_rollout_apps.bench.agentic_bench import MAX_TOKENS
+        from sgl_jax_rollout_apps.bench.agentic_bench import check_tokens
 
         if args.target != "agentic":
             parser.error(f"--tokens applies to bench agentic, not bench {args.target}")
-        if not 1 <= args.tokens <= MAX_TOKENS:
-            parser.error(f"--tokens must be in [1, {MAX_TOKENS}], got {args.tokens}")
+        try:
+            check_tokens(args.tokens)
+        except ValueError as error:
+            parser.error(str(error))
     if not 0 <= args.real_size_layers <= 28:
         parser.error(f"--real-size-layers must be in [0, 28], got {args.real_size_layers}")
     if args.target == "sampler":
