@@ -276,6 +276,14 @@ def train(
         row.update({k: row[name] for k, name in AGENTIC_REPORTED.items() if name in row})
         if "reward_mean" not in row:
             return
+        if len(history) >= config.steps:
+            # tunix's agentic producer samples `off_policy_steps` batches ahead; at max_steps
+            # it stops training and flushes their rollout metrics, with no update behind them
+            bar.write(
+                f"a batch sampled ahead (off_policy_steps {config.off_policy_steps}) was not "
+                f"trained: tunix stopped at max_steps {config.steps}; its metrics are left out"
+            )
+            return
         # Step 0 is the warm-up (the trainer's first step compiles); later steps should not.
         warm_up = history[0]["compiles"] if history else compiles.count
         row["compiles"] = compiles.count

@@ -130,3 +130,31 @@ def test_the_cluster_tokenizer_is_unwrapped_to_the_models_own():
     assert unwrapped is raw
     config = types.SimpleNamespace(tools="calculator", task="arithmetic", max_tokens=48)
     assert agentic_demo.first_prompt_tokens(config, unwrapped) > 1_000
+
+
+def test_a_batch_sampled_ahead_past_max_steps_is_not_reported_as_a_step(capsys):
+    # tunix's agentic learner with off_policy_steps 1 and max_steps 2 samples a third batch,
+    # trains none of it and flushes its rollout metrics. The cluster and the learner here are
+    # test doubles that flush three such buffers: the test is about `demo.train`'s record.
+    from sgl_jax_rollout.tunix_compat import Mode
+    from sgl_jax_rollout_apps import demo
+    from sgl_jax_rollout_apps.demo_config import DemoConfig
+
+    config = DemoConfig(learner="agentic", off_policy_steps=1, steps=2, show_progress=False)
+    cluster = types.SimpleNamespace(rollout=types.SimpleNamespace())
+    cluster.with_external_metrics_logger = lambda fn: setattr(cluster, "logger", fn)
+
+    class FlushingLearner:
+        def train(self, batches):
+            for reward in (0.25, 0.5, 0.75):
+                cluster.logger(
+                    types.SimpleNamespace(
+                        mode=Mode.TRAIN, metrics={"rewards/score/mean": ([reward], None)}
+                    )
+                )
+
+    history = demo.train(config, cluster, FlushingLearner())
+    assert [row["reward_mean"] for row in history] == [0.25, 0.5]
+    assert [row["step"] for row in history] == [0, 1]
+    out = capsys.readouterr().out
+    assert "off_policy_steps 1) was not trained: tunix stopped at max_steps 2" in out
