@@ -111,7 +111,8 @@ def run(config: CheckConfig, progress: Callable[[str], None] | None = None) -> l
     engine = rollout.engine
     say(f"RoPE phases: {rope_phases.described(engine.model_type, engine.settings.rope_phases)}")
     served = engine_dtype(rollout)
-    say(f"the trainer computes in {trainer_dtype(trainer)}, the engine in {served}")
+    cast = ", its logits cast to float32" if config.trainer_logits_dtype else ""
+    say(f"the trainer computes in {trainer_dtype(trainer)}{cast}, the engine in {served}")
     if served != "float32":
         say(f"rounding: {numerics.described(engine.model_type, engine.settings.numerics)}")
     try:
@@ -158,7 +159,12 @@ def build(config: CheckConfig):
         )
     dtype = dict(config.engine_settings or {}).get("dtype", settings.dtype)
     served = resolved_dtype(dtype, read_config(model_path))
-    trainer = load_tunix_model(model_path, mesh, jnp.dtype(config.trainer_dtype or served))
+    trainer = load_tunix_model(
+        model_path,
+        mesh,
+        jnp.dtype(config.trainer_dtype or served),
+        logits_dtype=config.trainer_logits_dtype,
+    )
     if routing_replay.moe_layers(trainer):  # the trainer scores with the rollout's experts
         settings = settings.replace(return_routed_experts=True)
     settings = settings.replace(**dict(config.engine_settings or {}))

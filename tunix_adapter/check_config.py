@@ -25,6 +25,7 @@ class CheckConfig:
     seed: int = 0
     engine_settings: Any = None  # overrides (a mapping of EngineSettings fields)
     trainer_dtype: str | None = None  # None: the engine's (see `check.py`)
+    trainer_logits_dtype: str | None = None  # None: tunix's model's (`load_tunix_model`)
 
     def __post_init__(self) -> None:
         for name in ("prompts", "prompt_tokens", "max_tokens", "samples"):
@@ -33,6 +34,11 @@ class CheckConfig:
         if self.trainer_dtype not in TRAINER_DTYPES:
             raise ValueError(
                 f"trainer_dtype must be one of {list(TRAINER_DTYPES)}, got {self.trainer_dtype!r}"
+            )
+        if self.trainer_logits_dtype not in (None, "float32"):  # logits_dtype.LOGITS_DTYPES
+            raise ValueError(
+                "trainer_logits_dtype must be one of [None, 'float32'], "
+                f"got {self.trainer_logits_dtype!r}"
             )
         if self.lora_rank < 0:
             raise ValueError(f"lora_rank must be >= 0 (0: no LoRA), got {self.lora_rank}")

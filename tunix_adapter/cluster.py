@@ -22,6 +22,7 @@ import jax
 
 from sgl_jax_rollout.tunix_compat import ClusterConfig, RLTrainingConfig, Role, create_critic_model
 from tunix_adapter.actor_lora import LORA_MODULES, lora_scaling, with_lora
+from tunix_adapter.logits_dtype import LOGITS_DTYPES
 from tunix_adapter.memory_release import RELEASES, release_option
 from tunix_adapter.models import load_tunix_model, vocab_size
 from tunix_adapter.rollout_cluster import OUR_ROW_FIELDS, RolloutCluster
@@ -58,6 +59,7 @@ def build_cluster(
     release_rollout_memory: str | bool | None = True,
     partial_rollout: bool = False,
     max_staleness: int = 1,
+    trainer_logits_dtype: str | None = None,
 ) -> RolloutCluster:
     """A `RolloutCluster` for `model_path` with the named rollout.
 
@@ -80,9 +82,19 @@ def build_cluster(
     and continued at the next batch, under the weights of then, unless their oldest token is
     more than `max_staleness` policy versions old (`SglangJaxRollout`'s options of those
     names); the learner's `mask_offpolicy_in_partial_rollout` masks their older tokens.
+
+    `trainer_logits_dtype` ("float32"; default None, tunix's model's): the actor's and
+    reference's logits cast to float32 as they leave the model, as tunix main does
+    (`load_tunix_model`'s `logits_dtype`): a bfloat16 Llama 3 / Gemma 2 / 3 on tunix 0.1.7
+    then tempers and normalises them in float32, as the engine does.
     """
     if rollout not in ROLLOUTS:
         raise ValueError(f"rollout must be one of {ROLLOUTS}, got {rollout!r}")
+    if trainer_logits_dtype not in LOGITS_DTYPES:
+        raise ValueError(
+            f"trainer_logits_dtype must be one of {list(LOGITS_DTYPES)}, "
+            f"got {trainer_logits_dtype!r}"
+        )
     if partial_rollout and rollout != "sglang_jax":
         raise ValueError(f"partial_rollout needs rollout='sglang_jax', got {rollout!r}")
     from sgl_jax_rollout.tiny_model import default_model_dir
@@ -122,7 +134,8 @@ def build_cluster(
         from tunix_adapter.vanilla import VanillaRolloutWithEntropy
 
         engine = VanillaRolloutWithEntropy
-    actor = load_tunix_model(model_path, mesh)
+    load = functools.partial(load_tunix_model, model_path, mesh)
+    actor = load(logits_dtype=trainer_logits_dtype)
     # A LoRA actor, or a family whose tunix and engine models split their weights
     # differently (Gemma's fused einsums), has another leaf count than the rollout's model.
     fix_sharing_check()
@@ -130,7 +143,7 @@ def build_cluster(
         actor = with_lora(actor, lora, mesh)
     critic = None
     if with_critic:
-        critic = create_critic_model(load_tunix_model(model_path, mesh))
+        critic = create_critic_model(load())
     shared = bool(set(rollout_mesh.devices.flat) & set(mesh.devices.flat))
     release = release_option(release_rollout_memory, rollout, shared=shared)
     config = ClusterConfig(
@@ -142,7 +155,7 @@ def build_cluster(
     return RolloutCluster(
         actor=actor,
         critic=critic,
-        reference=load_tunix_model(model_path, mesh) if with_reference else None,
+        reference=load(logits_dtype=trainer_logits_dtype) if with_reference else None,
         tokenizer=pad_safe_tokenizer(model_path, actor),
         cluster_config=config,
         release_rollout_memory=release,

@@ -10,7 +10,8 @@ tunix's own safetensors loader. tunix's Gemma fixes what Gemma 2's config could 
 model.py:288, 420, 715`): a config that differs is refused by name, never served against a
 trainer that computes another function. Used for the
 built-in tiny model and for real checkpoints alike. Copies nothing of tunix's loaders. RoPE
-settings tunix's models ignore are applied through `tunix_adapter.rope`.
+settings tunix's models ignore are applied through `tunix_adapter.rope`; float32 logits from
+tunix 0.1.7's Llama 3 / Gemma 2 / 3, when asked for, through `tunix_adapter.logits_dtype`.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from sgl_jax_rollout.utils import model_dir as model_dir_lib
 from tunix_adapter.gemma3_config import gemma3_config
 from tunix_adapter.gemma4_config import gemma4_config
 from tunix_adapter.gemma_window import fix_sliding_window
+from tunix_adapter.logits_dtype import LOGITS_DTYPES, with_float32_logits
 from tunix_adapter.rope import fix_rope, rope_config
 
 _GEMMA_TYPES = ("gemma2", "gemma3", "gemma3_text", "gemma4")
@@ -164,13 +166,20 @@ def vocab_size(config: Any) -> int:
 
 
 def load_tunix_model(
-    model_dir: str | Path, mesh: jax.sharding.Mesh | None = None, dtype: Any = None
+    model_dir: str | Path,
+    mesh: jax.sharding.Mesh | None = None,
+    dtype: Any = None,
+    logits_dtype: str | None = None,
 ):
     """The nnx model of `model_dir`, loaded by tunix's own safetensors loader. `dtype` (default
     None): the weights as stored, and tunix's own compute dtype (float32 for its Qwen2 / Qwen3,
     whose configs default to it; the weights' for the others). Given (`jnp.bfloat16`): the
     weights cast to it, and every tunix model computes in it (Qwen's config `dtype` and
-    `param_dtype` set), as a trainer on bfloat16 chips runs."""
+    `param_dtype` set), as a trainer on bfloat16 chips runs. `logits_dtype` (default None: as
+    tunix's model returns them, bfloat16 from a bfloat16 Llama 3 / Gemma 2 / 3 on tunix 0.1.7):
+    "float32" casts them as they leave the model, as tunix main does (`logits_dtype.py`)."""
+    if logits_dtype not in LOGITS_DTYPES:
+        raise ValueError(f"logits_dtype must be one of {list(LOGITS_DTYPES)}, got {logits_dtype!r}")
     config, package = _tunix_config_and_package(model_dir)
     if dtype is not None and hasattr(config, "param_dtype") and hasattr(config, "dtype"):
         config = dataclasses.replace(config, dtype=dtype, param_dtype=dtype)
@@ -181,7 +190,8 @@ def load_tunix_model(
     params = tunix_compat.model_module(
         package, "params_safetensors" if package.startswith("gemma") else "params"
     )
-    return params.create_model_from_safe_tensors(str(model_dir), config, mesh=mesh, dtype=dtype)
+    model = params.create_model_from_safe_tensors(str(model_dir), config, mesh=mesh, dtype=dtype)
+    return with_float32_logits(model) if logits_dtype == "float32" else model
 
 
 def _check_gemma3_prefix(model_dir: str | Path) -> None:

@@ -87,6 +87,14 @@ def add_parser(sub: argparse._SubParsersAction, presets: str) -> None:
         help="the dtype tunix's trainer computes in, its weights cast to it (default: the "
         "engine's)",
     )
+    chk.add_argument(
+        "--trainer-logits-dtype",
+        choices=["float32"],
+        default=None,
+        help="float32: the trainer's logits cast to float32 as they leave tunix's model, as "
+        "tunix main does (tunix 0.1.7's Llama 3 / Gemma 2 / 3 return them in the compute "
+        "dtype and temper them there); twice the logits' memory (default: tunix's model's)",
+    )
     chk.set_defaults(func=_check)
 
 
@@ -104,6 +112,7 @@ def _check(args: argparse.Namespace) -> int:
         prompt_tokens=args.prompt_tokens,
         max_tokens=args.max_tokens,
         trainer_dtype=args.trainer_dtype,
+        trainer_logits_dtype=args.trainer_logits_dtype,
         engine_settings={
             name: value
             for name, value in (

@@ -1,4 +1,4 @@
-"""`sgl-jax-rollout check`'s engine flags reach the check's engine settings (the check itself,
+"""`sgl-jax-rollout check`'s engine and trainer flags reach the check's engine settings (the check itself,
 replaced here by a test double that records its config, runs in
 tests/tunix_adapter/test_check_engine.py and test_families_engine.py)."""
 
@@ -24,3 +24,6 @@ def test_page_size_attention_and_dtype_flags_reach_the_engine_settings(monkeypat
     assert (seen[1].prompts, seen[1].samples) == (2, 2)  # several rows, left-padded, a group
     assert cli.main(["check", "--model-path", "m", "--prompts", "3", "--samples", "4"]) == 0
     assert (seen[2].prompts, seen[2].samples) == (3, 4)
+    assert seen[2].trainer_logits_dtype is None
+    assert cli.main(["check", "--model-path", "m", "--trainer-logits-dtype", "float32"]) == 0
+    assert seen[3].trainer_logits_dtype == "float32"
