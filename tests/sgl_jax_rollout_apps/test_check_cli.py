@@ -1,5 +1,5 @@
-"""`sgl-jax-rollout check`'s engine and trainer flags reach the check's engine settings (the check itself,
-replaced here by a test double that records its config, runs in
+"""`sgl-jax-rollout check`'s engine and trainer flags reach the check's config (the check
+itself, replaced here by a test double that records its config, runs in
 tests/tunix_adapter/test_check_engine.py and test_families_engine.py)."""
 
 from sgl_jax_rollout_apps import cli
