@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from tunix_adapter.logits_dtype import LOGITS_DTYPES
+
 TRAINER_DTYPES = (None, "float32", "bfloat16")
 
 
@@ -35,9 +37,9 @@ class CheckConfig:
             raise ValueError(
                 f"trainer_dtype must be one of {list(TRAINER_DTYPES)}, got {self.trainer_dtype!r}"
             )
-        if self.trainer_logits_dtype not in (None, "float32"):  # logits_dtype.LOGITS_DTYPES
+        if self.trainer_logits_dtype not in LOGITS_DTYPES:
             raise ValueError(
-                "trainer_logits_dtype must be one of [None, 'float32'], "
+                f"trainer_logits_dtype must be one of {list(LOGITS_DTYPES)}, "
                 f"got {self.trainer_logits_dtype!r}"
             )
         if self.lora_rank < 0:
