@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from tunix_adapter.logits_dtype import LOGITS_DTYPES
+from tunix_adapter.logits_dtype import check_logits_dtype
 
 TRAINER_DTYPES = (None, "float32", "bfloat16")
 
@@ -37,11 +37,7 @@ class CheckConfig:
             raise ValueError(
                 f"trainer_dtype must be one of {list(TRAINER_DTYPES)}, got {self.trainer_dtype!r}"
             )
-        if self.trainer_logits_dtype not in LOGITS_DTYPES:
-            raise ValueError(
-                f"trainer_logits_dtype must be one of {list(LOGITS_DTYPES)}, "
-                f"got {self.trainer_logits_dtype!r}"
-            )
+        check_logits_dtype(self.trainer_logits_dtype, "trainer_logits_dtype")
         if self.lora_rank < 0:
             raise ValueError(f"lora_rank must be >= 0 (0: no LoRA), got {self.lora_rank}")
 

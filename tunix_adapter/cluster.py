@@ -22,7 +22,7 @@ import jax
 
 from sgl_jax_rollout.tunix_compat import ClusterConfig, RLTrainingConfig, Role, create_critic_model
 from tunix_adapter.actor_lora import LORA_MODULES, lora_scaling, with_lora
-from tunix_adapter.logits_dtype import LOGITS_DTYPES
+from tunix_adapter.logits_dtype import check_logits_dtype
 from tunix_adapter.memory_release import RELEASES, release_option
 from tunix_adapter.models import load_tunix_model, vocab_size
 from tunix_adapter.rollout_cluster import OUR_ROW_FIELDS, RolloutCluster
@@ -90,11 +90,7 @@ def build_cluster(
     """
     if rollout not in ROLLOUTS:
         raise ValueError(f"rollout must be one of {ROLLOUTS}, got {rollout!r}")
-    if trainer_logits_dtype not in LOGITS_DTYPES:
-        raise ValueError(
-            f"trainer_logits_dtype must be one of {list(LOGITS_DTYPES)}, "
-            f"got {trainer_logits_dtype!r}"
-        )
+    check_logits_dtype(trainer_logits_dtype, "trainer_logits_dtype")
     if partial_rollout and rollout != "sglang_jax":
         raise ValueError(f"partial_rollout needs rollout='sglang_jax', got {rollout!r}")
     from sgl_jax_rollout.tiny_model import default_model_dir

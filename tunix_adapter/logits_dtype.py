@@ -1,15 +1,16 @@
 """A trainer model whose logits leave in float32, as tunix main returns them in every family.
 
-Owns `with_float32_logits` and `LOGITS_DTYPES`. tunix 0.1.7's `Llama3`, `Gemma` (Gemma 2) and
-`Gemma3` return the LM head's output in the activation dtype (`models/llama3/model.py:665`,
-`models/gemma/model.py:940`, `models/gemma3/model.py:1026`: bfloat16 for a bfloat16 model);
-its Qwen2 / 3 and Gemma 4 cast theirs to float32, and tunix main (c7d8950f) casts in every
-family (`compute_final_logits`). `compute_per_token_logps` (`rl/common.py:379-380`) then
-divides bfloat16 logits by the temperature in bfloat16 (0.7 becomes 0.69921875) and takes
-their log-softmax, so each trainer logprob carries the rounding of its logits to a bfloat16
-step (up to 0.03 nats where `|logit / T|` is 8 to 16), and where XLA's fusions end decides
-whether the token's logit and the normaliser each see it (in one CPU program the token's
-logit was rounded and the normaliser was not: not the log of any distribution).
+Owns `with_float32_logits`, `LOGITS_DTYPES` and `check_logits_dtype`. tunix 0.1.7's `Llama3`,
+`Gemma` (Gemma 2) and `Gemma3` return the LM head's output in the activation dtype
+(`models/llama3/model.py:665`, `models/gemma/model.py:940`, `models/gemma3/model.py:1026`:
+bfloat16 for a bfloat16 model); its Qwen2 / 3 and Gemma 4 cast theirs to float32, and tunix
+main (c7d8950f) casts in every family (`compute_final_logits`). `compute_per_token_logps`
+(`rl/common.py:379-380`) then divides bfloat16 logits by the temperature in bfloat16 (0.7
+becomes 0.69921875) and takes their log-softmax, so each trainer logprob carries the rounding
+of its logits to a bfloat16 step (up to 0.03 nats where `|logit / T|` is 8 to 16), and where
+XLA's fusions end decides whether the token's logit and the normaliser each see it (in one CPU
+program the token's logit was rounded and the normaliser was not: not the log of any
+distribution).
 
 `with_float32_logits(model)` gives that one model a subclass of its own class whose
 `__call__` casts the logits to float32 as they leave (after Gemma 2's soft-cap), tunix main's
@@ -27,6 +28,12 @@ import functools
 from typing import Any
 
 LOGITS_DTYPES = (None, "float32")  # None: as tunix's model returns them
+
+
+def check_logits_dtype(value: str | None, name: str = "logits_dtype") -> None:
+    """Refuses, by the setting's `name`, a logits dtype other than `LOGITS_DTYPES`."""
+    if value not in LOGITS_DTYPES:
+        raise ValueError(f"{name} must be one of {list(LOGITS_DTYPES)}, got {value!r}")
 
 
 def with_float32_logits(model: Any) -> Any:

@@ -27,7 +27,7 @@ from sgl_jax_rollout.utils import model_dir as model_dir_lib
 from tunix_adapter.gemma3_config import gemma3_config
 from tunix_adapter.gemma4_config import gemma4_config
 from tunix_adapter.gemma_window import fix_sliding_window
-from tunix_adapter.logits_dtype import LOGITS_DTYPES, with_float32_logits
+from tunix_adapter.logits_dtype import check_logits_dtype, with_float32_logits
 from tunix_adapter.rope import fix_rope, rope_config
 
 _GEMMA_TYPES = ("gemma2", "gemma3", "gemma3_text", "gemma4")
@@ -178,8 +178,7 @@ def load_tunix_model(
     `param_dtype` set), as a trainer on bfloat16 chips runs. `logits_dtype` (default None: as
     tunix's model returns them, bfloat16 from a bfloat16 Llama 3 / Gemma 2 / 3 on tunix 0.1.7):
     "float32" casts them as they leave the model, as tunix main does (`logits_dtype.py`)."""
-    if logits_dtype not in LOGITS_DTYPES:
-        raise ValueError(f"logits_dtype must be one of {list(LOGITS_DTYPES)}, got {logits_dtype!r}")
+    check_logits_dtype(logits_dtype)
     config, package = _tunix_config_and_package(model_dir)
     if dtype is not None and hasattr(config, "param_dtype") and hasattr(config, "dtype"):
         config = dataclasses.replace(config, dtype=dtype, param_dtype=dtype)
